@@ -1,0 +1,242 @@
+"""Case tables: `cases/*.toml` loaded into typed records, with one clear line when a file is wrong.
+
+A suite declares the shape of its tables as dataclasses; this module checks every key and value
+against the dataclass annotations (unknown key, missing field, wrong type, bad value) and names the
+file, the table, the case and the key in the error, with what was expected and what was found.
+Adding a case is adding a table row, not code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class CaseFileError(ValueError):
+    """A malformed case file; the message is one line naming file, table, key, expected, found."""
+
+
+def cases_dir() -> Path:
+    """Where case files live: `$PARITY_CASES_DIR`, else `cases/` at the project root."""
+    return Path(os.environ.get("PARITY_CASES_DIR", PROJECT_ROOT / "cases"))
+
+
+def case_path(name: str) -> Path:
+    path = Path(name)
+    return path if path.is_absolute() else cases_dir() / path
+
+
+# ---------------------------------------------------------------------------------------------
+# Type checking against annotations
+# ---------------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is type(None):
+        return "none"
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin in (list, tuple):
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
+    if origin is dict:
+        k, v = typing.get_args(tp)
+        return f"table of {_type_name(k)} -> {_type_name(v)}"
+    if dataclasses.is_dataclass(tp):
+        return f"table ({tp.__name__})"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _found(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    kind = {dict: "table", list: "array"}.get(type(value), type(value).__name__)
+    return f"{kind} {text}"
+
+
+class _Mismatch(Exception):
+    def __init__(self, where: str, expected: str, found: str):
+        super().__init__(where)
+        self.where, self.expected, self.found = where, expected, found
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(tp):
+            if option is type(None):
+                continue
+            try:
+                return _convert(value, option, where)
+            except _Mismatch:
+                continue
+        raise _Mismatch(where, _type_name(tp), _found(value))
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise _Mismatch(where, _type_name(tp), _found(value))
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise _Mismatch(where, _type_name(tp), _found(value))
+        args = typing.get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise _Mismatch(where, f"{_type_name(tp)} of length {len(args)}", _found(value))
+            return tuple(_convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        item = args[0] if args else Any
+        items = [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        key_tp, value_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise _Mismatch(where, _type_name(tp), _found(value))
+        return {_convert(k, key_tp, where): _convert(v, value_tp, f"{where}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _Mismatch(where, _type_name(tp), _found(value))
+        return _build(tp, value, where)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _Mismatch(where, "float", _found(value))
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Mismatch(where, "int", _found(value))
+        return value
+    if tp in (str, bool):
+        if type(value) is not tp:
+            raise _Mismatch(where, tp.__name__, _found(value))
+        return value
+    raise TypeError(f"case schema uses an unsupported annotation {tp!r} at {where}")
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _build(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        raise _Mismatch(_join(where, unknown[0]), f"one of the keys {', '.join(fields)}", f"unknown key {unknown[0]!r}")
+    kwargs = {}
+    for name, field in fields.items():
+        if name not in data:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise _Mismatch(_join(where, name), _type_name(hints[name]), "nothing (missing field)")
+            continue
+        kwargs[name] = _convert(data[name], hints[name], _join(where, name))
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise _Mismatch(where, f"a valid {cls.__name__}", f"{exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """How one top-level table of a case file is shaped.
+
+    `many=True`: an array of tables (`[[name]]`), each a record with a unique `name` field.
+    `many=False`: a single table (`[name]`). `keyed=True`: a table of named sub-tables
+    (`[name.key]`), returned as a dict.
+    """
+
+    record: type
+    many: bool = True
+    keyed: bool = False
+    required: bool = True
+
+
+def load_case_file(path: str | Path, schema: Mapping[str, Table]) -> dict[str, Any]:
+    """Load and validate one case file against `schema` (top-level table name -> `Table`)."""
+    path = case_path(str(path))
+    label = _label(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise CaseFileError(f"{label}: case file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CaseFileError(f"{label}: invalid TOML: {exc}") from None
+    unknown = [k for k in raw if k not in schema]
+    if unknown:
+        raise CaseFileError(
+            f"{label}: table [{unknown[0]}]: unknown table; expected one of {', '.join(f'[{k}]' for k in schema)}"
+        )
+    loaded: dict[str, Any] = {}
+    for name, table in schema.items():
+        if name not in raw:
+            if table.required:
+                raise CaseFileError(f"{label}: table [{name}]: missing (expected {_shape(table)})")
+            loaded[name] = [] if table.many and not table.keyed else {}
+            continue
+        loaded[name] = _load_table(label, name, raw[name], table)
+    return loaded
+
+
+def _shape(table: Table) -> str:
+    if table.keyed:
+        return f"[{{name}}.<key>] tables of {table.record.__name__}"
+    return f"[[...]] array of {table.record.__name__}" if table.many else f"a table {table.record.__name__}"
+
+
+def _load_table(label: str, name: str, value: Any, table: Table) -> Any:
+    where = f"[{name}]"
+    try:
+        if table.keyed:
+            _need(value, dict, _shape(table))
+            records = {}
+            for key, item in value.items():
+                where = f"[{name}.{key}]"
+                records[key] = _build(table.record, _need(item, dict, "a table"))
+            return records
+        if table.many:
+            _need(value, list, _shape(table))
+            records, seen = [], set()
+            for i, item in enumerate(value):
+                case = item.get("name", f"#{i}") if isinstance(item, dict) else f"#{i}"
+                where = f"[{name}] case {case!r}"
+                record = _build(table.record, _need(item, dict, "a table"))
+                if case in seen:
+                    raise _Mismatch("name", "a unique case name", f"a duplicate {case!r}")
+                seen.add(case)
+                records.append(record)
+            return records
+        return _build(table.record, _need(value, dict, _shape(table)))
+    except _Mismatch as exc:
+        key_text = f" key {exc.where!r}:" if exc.where else ""
+        raise CaseFileError(f"{label}: table {where}:{key_text} expected {exc.expected}, found {exc.found}") from None
+
+
+def _need(value: Any, kind: type, expected: str) -> Any:
+    if not isinstance(value, kind):
+        raise _Mismatch("", expected, _found(value))
+    return value
+
+
+def _label(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
