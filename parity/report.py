@@ -1,0 +1,249 @@
+"""Report rows: one long-format CSV per run, appended row by row.
+
+Every check writes its numbers as it produces them, so a crash, a Ctrl-C or a failing assertion
+never loses a finished row. Under pytest-xdist all workers append to the same `results.csv`; an
+exclusive `fcntl.flock` around each append keeps rows whole and the header single, so `-n 2`,
+`-n 4` and a serial run leave exactly the same rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import fcntl
+import json
+import math
+import os
+import secrets
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from parity.compare import ERROR, FAIL, PASS, TIE_FLIP, VERDICTS
+
+RESULTS_FILE = "results.csv"
+RUN_INFO_FILE = "run.json"
+
+# The columns of DESIGN.md first, then ours: `kind` (gate = the row decided a verdict, info = a
+# number recorded beside it), `better` (lower / higher / equal: the direction a baseline comparison
+# reads the value in), `test` (pytest node id), `worker` (xdist worker or "main"), `time` (UTC).
+COLUMNS = (
+    "run_id",
+    "suite",
+    "case",
+    "target",
+    "mode",
+    "device",
+    "dtype",
+    "size",
+    "metric",
+    "value",
+    "threshold",
+    "verdict",
+    "detail",
+    "seed",
+    "torch_version",
+    "git_sha",
+    "kind",
+    "better",
+    "test",
+    "worker",
+    "time",
+)
+KINDS = ("gate", "info")
+BETTER = ("lower", "higher", "equal", "")
+
+# Columns filled from the run's context rather than by each check.
+CONTEXT_COLUMNS = ("run_id", "target", "device", "dtype", "size", "torch_version", "git_sha", "worker")
+
+
+def new_run_id() -> str:
+    """A sortable, collision-safe run id: UTC timestamp plus 6 random hex digits."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def make_run_dir(report_dir: str | Path, run_id: str | None = None) -> Path:
+    """Create `report_dir/run_id/` (a fresh id if none is given) and return it."""
+    run_dir = Path(report_dir) / (run_id or new_run_id())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def write_run_info(run_dir: Path, info: Mapping[str, Any]) -> None:
+    (run_dir / RUN_INFO_FILE).write_text(json.dumps(dict(info), indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_run_info(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / RUN_INFO_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+class ReportError(ValueError):
+    """A row that cannot be written as given (unknown column, bad verdict, bad kind)."""
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return value
+
+
+class ReportWriter:
+    """Appends rows to `run_dir/results.csv`, filling the run's context columns."""
+
+    def __init__(self, run_dir: str | Path, context: Mapping[str, Any]):
+        unknown = set(context) - set(COLUMNS)
+        if unknown:
+            raise ReportError(f"unknown report context columns: {sorted(unknown)}")
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / RESULTS_FILE
+        self.context = dict(context)
+
+    def normalise(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        unknown = set(row) - set(COLUMNS)
+        if unknown:
+            raise ReportError(f"unknown report columns {sorted(unknown)}; known: {', '.join(COLUMNS)}")
+        full = {column: "" for column in COLUMNS}
+        full.update(self.context)
+        full.update({k: v for k, v in row.items() if v is not None})
+        for required in ("suite", "case", "metric", "verdict"):
+            if full[required] in ("", None):
+                raise ReportError(f"report row needs {required!r}: {dict(row)}")
+        if full["verdict"] not in VERDICTS:
+            raise ReportError(f"verdict must be one of {VERDICTS}, got {full['verdict']!r}")
+        full["kind"] = full["kind"] or "gate"
+        if full["kind"] not in KINDS:
+            raise ReportError(f"kind must be one of {KINDS}, got {full['kind']!r}")
+        if full["better"] not in BETTER:
+            raise ReportError(f"better must be one of {BETTER[:-1]}, got {full['better']!r}")
+        full["mode"] = full["mode"] or "eager"
+        full["time"] = full["time"] or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+        return {k: _cell(v) for k, v in full.items()}
+
+    def write(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """Append one row now (flushed before returning); returns the row as written."""
+        return self.write_many([row])[0]
+
+    def write_many(self, rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        full = [self.normalise(row) for row in rows]
+        if not full:
+            return full
+        frame = pd.DataFrame(full, columns=list(COLUMNS))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", newline="") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                header = handle.tell() == 0 and os.fstat(handle.fileno()).st_size == 0
+                frame.to_csv(handle, header=header, index=False)
+                handle.flush()
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return full
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    """Load a run directory's `results.csv` (or a CSV path) with value/threshold as floats."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no report rows at {path}")
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise ReportError(f"{path}: not a parity results file, missing columns {missing}")
+    for column in ("value", "threshold"):
+        frame[column] = pd.to_numeric(frame[column].replace("", "nan"), errors="coerce")
+    return frame
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries
+# ---------------------------------------------------------------------------------------------
+
+_SEVERITY = {PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
+CASE_KEYS = ["suite", "case", "target", "mode"]
+
+
+def case_verdicts(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (suite, case, target, mode): the worst verdict among its gate rows."""
+    gates = frame[frame["kind"] != "info"]
+    if gates.empty:
+        return pd.DataFrame(columns=CASE_KEYS + ["verdict"])
+    worst = gates.assign(severity=gates["verdict"].map(_SEVERITY)).groupby(CASE_KEYS, sort=False)["severity"].max()
+    names = {v: k for k, v in _SEVERITY.items()}
+    return worst.map(names).rename("verdict").reset_index()
+
+
+def _badness(row: pd.Series) -> float:
+    """How close a gate row came to its bound (1.0 = at the bound, > 1 = over it)."""
+    value, threshold = row["value"], row["threshold"]
+    if row["verdict"] == ERROR:
+        return math.inf
+    if pd.isna(value) or pd.isna(threshold):
+        return -math.inf
+    if row["better"] == "equal":
+        return 0.0 if value == threshold else math.inf
+    if row["better"] == "higher":
+        return threshold / value if value not in (0, math.inf) else (0.0 if value == math.inf else math.inf)
+    if threshold == 0:
+        return 0.0 if value == 0 else math.inf
+    return value / threshold
+
+
+def summarize(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per suite: cases, pass, fail, tie_flip, error and the gate row nearest to (or past) its bound."""
+    verdicts = case_verdicts(frame)
+    rows = []
+    for suite, group in verdicts.groupby("suite", sort=True):
+        counts = group["verdict"].value_counts()
+        gates = frame[(frame["suite"] == suite) & (frame["kind"] != "info")]
+        worst = ""
+        if not gates.empty:
+            scored = gates.assign(badness=gates.apply(_badness, axis=1))
+            top = scored.sort_values("badness", ascending=False, kind="stable").iloc[0]
+            if top["badness"] != -math.inf:
+                bound = "" if pd.isna(top["threshold"]) else f" (bound {top['threshold']:.4g})"
+                worst = f"{top['metric']}={top['value']:.4g}{bound} [{top['case']}/{top['mode']}]"
+        rows.append(
+            {
+                "suite": suite,
+                "cases": len(group),
+                "pass": int(counts.get(PASS, 0)),
+                "fail": int(counts.get(FAIL, 0)),
+                "tie_flip": int(counts.get(TIE_FLIP, 0)),
+                "error": int(counts.get(ERROR, 0)),
+                "worst": worst,
+            }
+        )
+    return pd.DataFrame(rows, columns=["suite", "cases", "pass", "fail", "tie_flip", "error", "worst"])
+
+
+def format_summary(summary: pd.DataFrame) -> str:
+    if summary.empty:
+        return "(no report rows)"
+    return summary.to_string(index=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """What a finished run says about itself: the summary and whether anything failed."""
+
+    rows: int
+    summary: pd.DataFrame
+    failed_cases: int
+
+    @property
+    def ok(self) -> bool:
+        return self.failed_cases == 0
+
+
+def outcome(run_dir: str | Path) -> RunOutcome:
+    frame = read_results(run_dir)
+    summary = summarize(frame)
+    failed = int(summary["fail"].sum() + summary["error"].sum()) if not summary.empty else 0
+    return RunOutcome(len(frame), summary, failed)

@@ -1,0 +1,34 @@
+"""Running pytest and the parity CLI in fresh processes, as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
+    env.pop("PYTEST_ADDOPTS", None)
+    env.update(extra)
+    return env
+
+
+def run(args: list[str], *, cwd: Path = PROJECT_ROOT, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=subprocess_env(**env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def run_pytest(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return run(["-m", "pytest", "-p", "no:cacheprovider", *args], **kwargs)
+
+
+def run_parity(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return run(["-m", "parity", *args], **kwargs)

@@ -1,0 +1,156 @@
+"""Report rows: context filling, validation, concurrent appends, summaries, xdist and interruption."""
+
+from __future__ import annotations
+
+import multiprocessing
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from parity.report import COLUMNS, ReportError, ReportWriter, case_verdicts, outcome, read_results, summarize
+from tests.helpers import run_pytest
+
+CONTEXT = {"run_id": "r1", "target": "serving", "device": "cpu", "dtype": "fp32", "size": "tiny"}
+
+
+def _row(**overrides):
+    row = {"suite": "numerics", "case": "mixed", "metric": "max_abs", "value": 1e-6, "threshold": 1e-5, "verdict": "pass"}
+    row.update(overrides)
+    return row
+
+
+def test_rows_get_the_run_context_and_all_columns(tmp_path: Path) -> None:
+    writer = ReportWriter(tmp_path, CONTEXT)
+    writer.write(_row())
+    writer.write(_row(case="und-only", verdict="fail", value=1.0, detail="layer 3, row 7"))
+    frame = read_results(tmp_path)
+    assert list(frame.columns) == list(COLUMNS)
+    assert frame["run_id"].tolist() == ["r1", "r1"] and frame["mode"].tolist() == ["eager", "eager"]
+    assert frame.loc[1, "detail"] == "layer 3, row 7" and frame.loc[1, "value"] == 1.0
+    assert (tmp_path / "results.csv").read_text().count("run_id,") == 1
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [({"colour": "red"}, "unknown report columns"), ({"verdict": "ok"}, "verdict must be one of"), ({"kind": "x"}, "kind must be"), ({"case": ""}, "needs 'case'")],
+)
+def test_bad_rows_are_rejected_with_the_reason(tmp_path: Path, bad, message) -> None:
+    with pytest.raises(ReportError, match=message):
+        ReportWriter(tmp_path, CONTEXT).write(_row(**bad))
+
+
+def _append(args):
+    path, worker, count = args
+    writer = ReportWriter(path, {**CONTEXT, "worker": worker})
+    for i in range(count):
+        writer.write(_row(case=f"{worker}-{i}", detail="comma, \"quote\"\nnewline"))
+
+
+def test_concurrent_processes_append_whole_rows_and_one_header(tmp_path: Path) -> None:
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        pool.map(_append, [(tmp_path, f"gw{i}", 40) for i in range(4)])
+    frame = read_results(tmp_path)
+    assert len(frame) == 160 and frame["case"].nunique() == 160
+    assert set(frame["detail"]) == {"comma, \"quote\"\nnewline"}
+
+
+def test_summary_counts_cases_by_their_worst_gate_row(tmp_path: Path) -> None:
+    writer = ReportWriter(tmp_path, CONTEXT)
+    writer.write_many(
+        [
+            _row(case="a"),
+            _row(case="a", metric="cosine", verdict="fail", kind="info"),  # info rows decide nothing
+            _row(case="b", verdict="fail", value=3e-5),
+            _row(case="b"),
+            _row(case="c", verdict="tie_flip"),
+            _row(case="d", verdict="error", value=None),
+            _row(suite="routing", case="e", metric="psnr", value=30.0, threshold=40.0, better="higher", verdict="fail"),
+        ]
+    )
+    frame = read_results(tmp_path)
+    verdicts = dict(zip(case_verdicts(frame)["case"], case_verdicts(frame)["verdict"]))
+    assert verdicts == {"a": "pass", "b": "fail", "c": "tie_flip", "d": "error", "e": "fail"}
+    summary = summarize(frame).set_index("suite")
+    assert summary.loc["numerics", ["cases", "pass", "fail", "tie_flip", "error"]].tolist() == [4, 1, 1, 1, 1]
+    assert "psnr=30" in summary.loc["routing", "worst"]
+    assert outcome(tmp_path).failed_cases == 3
+
+
+SUITE = textwrap.dedent(
+    """
+    import os, signal
+    import pytest
+    from parity.compare import Verdict
+
+    pytestmark = pytest.mark.suite("demo")
+
+    @pytest.mark.parametrize("i", range(6))
+    def test_rows(i, report):
+        report.record(case=f"c{i}", metric="m", value=i, threshold=10)
+        if i == int(os.environ.get("STOP_AT", "-1")):
+            os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL"]))
+
+    def test_failing_check_writes_its_row_first(report):
+        report.verdict(Verdict("fail", "max_abs", 0.5, 0.1, "layer 2"), case="bad")
+        report.verdict(Verdict("pass", "max_abs", 0.0, 0.1, "layer 3"), case="bad")
+
+    def test_raising_check_becomes_an_error_row(report):
+        report.case = "boom"
+        raise RuntimeError("index 320 is out of bounds for dimension 0 with size 64")
+
+    def test_bare_assert_becomes_a_fail_row(report):
+        report.case = "plain"
+        assert 1 == 2, "one is not two"
+    """
+)
+
+
+@pytest.fixture
+def demo_suite(tmp_path: Path) -> Path:
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["parity.plugin"]\n')
+    (tmp_path / "test_demo.py").write_text(SUITE)
+    return tmp_path
+
+
+def _rows(report_dir: Path) -> pd.DataFrame:
+    (run_dir,) = [p for p in report_dir.iterdir() if p.is_dir()]
+    return read_results(run_dir)
+
+
+def test_failures_errors_and_asserts_all_reach_the_csv(demo_suite: Path, tmp_path: Path) -> None:
+    out = tmp_path / "reports"
+    result = run_pytest([str(demo_suite), "--report-dir", str(out)], cwd=demo_suite)
+    assert result.returncode == 1, result.stdout
+    rows = _rows(out).set_index("case")
+    assert rows.loc["bad", "verdict"].tolist() == ["fail", "pass"]
+    assert rows.loc["boom", "verdict"] == "error" and "out of bounds" in rows.loc["boom", "detail"]
+    assert rows.loc["plain", "verdict"] == "fail" and "one is not two" in rows.loc["plain", "detail"]
+    assert "3 failed, 6 passed" in result.stdout
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
+def test_an_interrupted_run_keeps_its_finished_rows(demo_suite: Path, tmp_path: Path, signal_name: str) -> None:
+    out = tmp_path / "reports"
+    result = run_pytest([str(demo_suite), "--report-dir", str(out), "-k", "test_rows"], cwd=demo_suite, STOP_AT="3", SIGNAL=signal_name)
+    assert result.returncode != 0
+    assert _rows(out)["case"].tolist() == ["c0", "c1", "c2", "c3"]
+
+
+def _row_set(frame: pd.DataFrame) -> list[tuple]:
+    keys = ["suite", "case", "mode", "metric", "value", "verdict", "kind"]
+    return sorted(map(tuple, frame[keys].astype(str).values.tolist()))
+
+
+def test_xdist_workers_write_exactly_the_rows_of_a_serial_run(tmp_path: Path) -> None:
+    runs = {}
+    for workers in ("0", "2", "4"):
+        out = tmp_path / f"n{workers}"
+        result = run_pytest(["suites", "-m", "cpu", "--suite", "selfcheck", "--report-dir", str(out), "-n", workers])
+        assert result.returncode == 0, result.stdout + result.stderr
+        runs[workers] = _rows(out)
+    assert len(runs["0"]) > 10
+    assert _row_set(runs["2"]) == _row_set(runs["0"])
+    assert _row_set(runs["4"]) == _row_set(runs["0"])
+    assert runs["2"]["worker"].str.startswith("gw").all()
