@@ -1,0 +1,5 @@
+"""`python -m parity` is the `parity` command (handy where the console script is not installed)."""
+
+from parity.cli import main
+
+raise SystemExit(main())

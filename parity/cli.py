@@ -1,0 +1,148 @@
+"""`parity`: the command line of the harness.
+
+`parity run` is the main job: it runs the parity suites through pytest with the plugin, shows
+pytest's progress, prints a per-suite summary and the run directory, and exits non-zero when any
+check failed. `parity make-checkpoint` writes a random checkpoint with upstream tensor names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from parity import env
+from parity.report import format_summary, new_run_id, outcome
+
+SUITES_DIR = env.PROJECT_ROOT / "suites"
+CHECKPOINT_MAKER = "reference_models.checkpoints:make_checkpoint"
+PYTEST_NO_TESTS = 5
+
+
+def _add_run_parser(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser(
+        "run",
+        help="run the parity suites and write a report",
+        description=(
+            "Run the parity suites (suites/) through pytest with the parity plugin and write one run "
+            "directory with results.csv. Prints a per-suite summary (cases, pass, fail, tie_flip, error, "
+            "worst metric) and exits non-zero if any check failed or errored."
+        ),
+    )
+    run.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to run on (default: cpu)")
+    run.add_argument("--size", choices=("tiny", "full"), default="tiny", help="model configuration (default: tiny)")
+    run.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None, help="target dtype (default: fp32 on cpu, bf16 on cuda)")
+    run.add_argument(
+        "--target",
+        default="serving",
+        help="implementation under test: serving (built-in), reference, or package.module:factory (default: serving)",
+    )
+    run.add_argument("--report-dir", default=None, help="where run directories are created (default: reports/runs)")
+    run.add_argument("--run-id", default=None, help="name of the run directory (default: timestamp + random suffix)")
+    run.add_argument(
+        "--suite",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this report suite (repeatable), e.g. --suite numerics --suite routing",
+    )
+    run.add_argument("-n", "--numprocesses", default=None, metavar="N", help="pytest-xdist workers (passed to pytest -n)")
+    run.add_argument(
+        "--benchmarks",
+        action="store_true",
+        help="also run the pytest-benchmark benchmarks (serially; results into the run directory)",
+    )
+    run.add_argument(
+        "pytest_args",
+        nargs=argparse.REMAINDER,
+        help="extra arguments after `--` are passed to pytest unchanged",
+    )
+    run.set_defaults(func=cmd_run)
+
+
+def _add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:
+    ckpt = sub.add_parser(
+        "make-checkpoint",
+        help="write a random checkpoint with upstream tensor names",
+        description=(
+            "Write an HF-style checkpoint directory (config.json + model.safetensors) with seeded random "
+            "weights and upstream tensor names; both the reference and the serving models load it."
+        ),
+    )
+    ckpt.add_argument("kind", choices=("ar", "dit"), help="which model: ar (MammothModa2 backbone) or dit (Transformer2DModel)")
+    ckpt.add_argument("out_dir", type=Path, help="directory to write (created if missing)")
+    ckpt.add_argument("--size", choices=("tiny", "full"), default="tiny", help="configuration (default: tiny)")
+    ckpt.add_argument("--seed", type=int, default=0, help="random seed of the weights (default: 0)")
+    ckpt.set_defaults(func=cmd_make_checkpoint)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parity", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_parser(sub)
+    _add_checkpoint_parser(sub)
+    return parser
+
+
+def pytest_args_for_run(args: argparse.Namespace, run_id: str) -> list[str]:
+    """The pytest command line `parity run` executes (also used by tests and the CI docs)."""
+    lane = "gpu" if args.device == "cuda" else "cpu"
+    marker = lane if args.benchmarks else f"{lane} and not benchmark"
+    argv = [str(SUITES_DIR), "-m", marker, "--device", args.device, "--size", args.size, "--target", args.target]
+    argv += ["--run-id", run_id, "-rfE", "-p", "no:cacheprovider"]
+    if args.dtype:
+        argv += ["--dtype", args.dtype]
+    if args.report_dir:
+        argv += ["--report-dir", args.report_dir]
+    for suite in args.suite:
+        argv += ["--suite", suite]
+    if args.numprocesses and not args.benchmarks:
+        argv += ["-n", str(args.numprocesses)]
+    extra = list(args.pytest_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    return argv + extra
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import pytest
+
+    run_id = args.run_id or new_run_id()
+    report_dir = Path(args.report_dir) if args.report_dir else env.PROJECT_ROOT / "reports" / "runs"
+    run_dir = report_dir / run_id
+    argv = pytest_args_for_run(args, run_id)
+    print(f"parity run: {run_dir}\n  pytest {' '.join(argv)}", flush=True)
+    code = int(pytest.main(argv))
+    if code == PYTEST_NO_TESTS:
+        print(f"parity run: no tests were selected (pytest exit code 5) for {' '.join(argv)}", file=sys.stderr)
+        return PYTEST_NO_TESTS
+    if not (run_dir / "results.csv").exists():
+        print(f"parity run: no report rows were written (pytest exit code {code}); see the output above", file=sys.stderr)
+        return code or 1
+    result = outcome(run_dir)
+    print("\nparity summary")
+    print(format_summary(result.summary))
+    print(f"\n{result.rows} rows: {run_dir / 'results.csv'}")
+    if not result.ok:
+        print(f"parity run: {result.failed_cases} case(s) failed or errored", file=sys.stderr)
+        return code or 1
+    return code
+
+
+def cmd_make_checkpoint(args: argparse.Namespace) -> int:
+    module_name, _, attr = CHECKPOINT_MAKER.partition(":")
+    make_checkpoint = getattr(importlib.import_module(module_name), attr)
+    path = make_checkpoint(args.kind, args.size, args.seed, args.out_dir)
+    print(f"wrote {args.kind} checkpoint ({args.size}, seed {args.seed}) to {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
