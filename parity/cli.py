@@ -91,7 +91,7 @@ def pytest_args_for_run(args: argparse.Namespace, run_id: str) -> list[str]:
     lane = "gpu" if args.device == "cuda" else "cpu"
     marker = lane if args.benchmarks else f"{lane} and not benchmark"
     argv = [str(SUITES_DIR), "-m", marker, "--device", args.device, "--size", args.size, "--target", args.target]
-    argv += ["--run-id", run_id, "-rfE", "-p", "no:cacheprovider"]
+    argv += ["--run-id", run_id, "--no-parity-summary", "-rfE", "-p", "no:cacheprovider"]
     if args.dtype:
         argv += ["--dtype", args.dtype]
     if args.report_dir:

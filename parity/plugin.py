@@ -9,6 +9,7 @@ it to the workers; all processes append to the same `results.csv` (see `parity.r
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import shutil
@@ -71,6 +72,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"directory that receives one run directory per run (default {DEFAULT_REPORT_DIR})",
     )
     group.addoption("--run-id", default=None, help="name of this run's directory (default: timestamp + random)")
+    group.addoption("--no-parity-summary", action="store_true", help=argparse.SUPPRESS)  # parity run prints its own
     group.addoption(
         "--suite",
         action="append",
@@ -392,7 +394,7 @@ def target(settings: RunSettings) -> Any:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    if _is_worker(config):
+    if _is_worker(config) or config.getoption("--no-parity-summary"):
         return
     run_dir = config.stash.get(_RUN_DIR, None)
     if run_dir is None or not (run_dir / RESULTS_FILE).exists():
