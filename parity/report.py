@@ -26,7 +26,8 @@ from parity.compare import ERROR, FAIL, PASS, TIE_FLIP, VERDICTS
 RESULTS_FILE = "results.csv"
 RUN_INFO_FILE = "run.json"
 
-# The columns of DESIGN.md first, then ours: `kind` (gate = the row decided a verdict, info = a
+# The columns of DESIGN.md plus `site` (where inside the model a number was taken: `layer.3`,
+# `logits`, `block.layers.1`, `step.12`; empty for whole-output checks), then ours: `kind` (gate = the row decided a verdict, info = a
 # number recorded beside it), `better` (lower / higher / equal: the direction a baseline comparison
 # reads the value in), `test` (pytest node id), `worker` (xdist worker or "main"), `time` (UTC).
 COLUMNS = (
@@ -35,6 +36,7 @@ COLUMNS = (
     "case",
     "target",
     "mode",
+    "site",
     "device",
     "dtype",
     "size",
@@ -166,7 +168,7 @@ def read_results(path: str | Path) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------------
 
 _SEVERITY = {PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
-CASE_KEYS = ["suite", "case", "target", "mode"]
+CASE_KEYS = ["suite", "case", "target", "mode"]  # a case's verdict spans all its sites
 
 
 def case_verdicts(frame: pd.DataFrame) -> pd.DataFrame:
