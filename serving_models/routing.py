@@ -169,7 +169,9 @@ def _group_keep_mask(
     kept = torch.topk(tie_break_order_key(group_score), topk_group, dim=-1, sorted=True).indices
     keep = torch.zeros(rows, num_expert_group, dtype=torch.bool, device=keys.device)
     keep = keep.scatter(1, kept, True)
-    return keep.repeat_interleave(num_experts // num_expert_group, dim=1)
+    # Broadcast each group's flag over its experts (expand, not repeat_interleave: the latter
+    # builds a repeats tensor and sums it, a host sync on CUDA).
+    return keep.unsqueeze(-1).expand(rows, num_expert_group, num_experts // num_expert_group).reshape(rows, num_experts)
 
 
 def _route_softmax(
