@@ -4,6 +4,8 @@ One pass per slot over the whole padded batch: the slot's expert weights are gat
 applied with a batched matmul, and a slot whose id is -1 (or outside `[0, N)`) is dropped with a
 `where`, never multiplied by 0 (a pad row's hidden state may be NaN garbage, and 0 · NaN is NaN).
 Static shapes, no host reads: it runs eager, compiled or replayed from a captured graph.
+Cost: each slot gathers a [T, I, H] weight block, sized for parity shapes; an engine would run
+grouped-GEMM kernels over the same ids with the same -1 rule.
 """
 
 from __future__ import annotations
