@@ -381,6 +381,7 @@ class MammothModa2Qwen2ForCausalLM(nn.Module):
 
     def __init__(self, config: MammothModa2ARConfig, *, start_layer: int = 0, end_layer: int | None = None) -> None:
         super().__init__()
+        config = MammothModa2ARConfig.from_any(config)
         self.config = config
         self.start_layer = start_layer
         self.end_layer = config.num_hidden_layers if end_layer is None else end_layer
@@ -485,7 +486,7 @@ class MammothModa2Qwen2ARForConditionalGeneration(nn.Module):
 
     def __init__(self, config: MammothModa2ARConfig) -> None:
         super().__init__()
-        self.config = config
+        self.config = config = MammothModa2ARConfig.from_any(config)
         self.language_model = self.language_model_type(config)
         self.make_empty_intermediate_tensors = self.language_model.make_empty_intermediate_tensors
 
@@ -527,7 +528,7 @@ class MammothModa2ForConditionalGeneration(nn.Module):
 
     def __init__(self, config: MammothModa2ARConfig) -> None:
         super().__init__()
-        self.config = config
+        self.config = config = MammothModa2ARConfig.from_any(config)
         self.ar = AR_WRAPPERS[config.model_type](config)
         self.make_empty_intermediate_tensors = self.ar.make_empty_intermediate_tensors
 
