@@ -57,7 +57,9 @@ def parse_moe_type(moe_type: str) -> MoERange:
             )
         start, end = int(bounds[0]), int(bounds[1])
         if start > end:
-            raise ValueError(f"moe_type {moe_type!r}: range start {start} is after end {end} (the range is [start, end))")
+            raise ValueError(
+                f"moe_type {moe_type!r}: range start {start} is after end {end} (the range is [start, end))"
+            )
     else:
         kind, start, end = moe_type, 0, math.inf
     if kind not in MOE_TYPES:

@@ -93,7 +93,8 @@ def make_ar_checkpoint(
     """Write the named AR configuration with random weights to `out_dir` (config.json + safetensors)."""
     config = ar_config(size)
     out_dir = Path(out_dir)
-    hf_checkpoint.save_state_dict(out_dir, random_state_dict(config, seed, "cpu", dtype), max_shard_bytes=max_shard_bytes)
+    state_dict = random_state_dict(config, seed, "cpu", dtype)
+    hf_checkpoint.save_state_dict(out_dir, state_dict, max_shard_bytes=max_shard_bytes)
     config.save(out_dir)
     return out_dir
 

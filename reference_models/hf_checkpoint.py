@@ -134,4 +134,3 @@ def load_state_dict(
             f"{listed_elsewhere}; tensors the index lists but no shard holds: {unlisted}"
         )
     return state_dict
-

@@ -238,9 +238,10 @@ class ServingARAdapter:
         step_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> GenerateOutput:
         batch, length = input_ids.shape
+        state = self.decode_state
         if step_fn is not None:
             self._require_state(batch, length + max_new_tokens)  # a captured step is bound to this state
-        elif self.decode_state is None or self.decode_state.batch != batch or self.decode_state.max_len < length + max_new_tokens:
+        elif state is None or state.batch != batch or state.max_len < length + max_new_tokens:
             self.allocate_decode_state(batch, length + max_new_tokens)
         step = step_fn or self.decode_step
         logits = self.prefill(input_ids)[:, -1]
@@ -253,7 +254,7 @@ class ServingARAdapter:
                 positions = torch.full((batch,), length + i, dtype=torch.long, device=input_ids.device)
                 logits = step(token[:, None], positions)
         if not tokens:
-            return GenerateOutput(
-                input_ids.new_zeros(batch, 0), torch.zeros(batch, 0, self.config.logits_width, dtype=self._dtype, device=self._device)
-            )
+            width = self.config.logits_width
+            empty_logits = torch.zeros(batch, 0, width, dtype=self._dtype, device=self._device)
+            return GenerateOutput(input_ids.new_zeros(batch, 0), empty_logits)
         return GenerateOutput(torch.stack(tokens, dim=1), torch.stack(step_logits, dim=1))

@@ -93,7 +93,11 @@ def load_weights(
     expected = expected_checkpoint_shapes(module)
     missing = [n for n in expected if n not in tensors]
     unexpected = [n for n in tensors if n not in expected]
-    wrong = [(n, s, tuple(tensors[n].shape)) for n, s in expected.items() if n in tensors and tuple(tensors[n].shape) != s]
+    wrong = [
+        (n, shape, tuple(tensors[n].shape))
+        for n, shape in expected.items()
+        if n in tensors and tuple(tensors[n].shape) != shape
+    ]
     if missing or unexpected or wrong:
         raise safetensors_io.WeightMismatchError(source, missing, unexpected, wrong)
     params = {}

@@ -324,9 +324,9 @@ class MammothModa2DecoderLayer(nn.Module):
         self, hidden_states: torch.Tensor, attn: AttentionInputs, gen_token_mask: torch.Tensor | None
     ) -> torch.Tensor:
         hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), attn)
+        x = self.post_attention_layernorm(hidden_states)
         mask = gen_token_mask if self.moe_enable else None
-        moe_out = moe_dispatch(self.post_attention_layernorm(hidden_states), self.mlp, self.gen_mlp, mask, self.layer_name)
-        return hidden_states + moe_out
+        return hidden_states + moe_dispatch(x, self.mlp, self.gen_mlp, mask, self.layer_name)
 
 
 class Mammoth3DecoderLayer(MammothModa2DecoderLayer):
@@ -386,9 +386,7 @@ class MammothModa2Qwen2ForCausalLM(nn.Module):
         self.start_layer = start_layer
         self.end_layer = config.num_hidden_layers if end_layer is None else end_layer
         if not 0 <= self.start_layer < self.end_layer <= config.num_hidden_layers:
-            raise ValueError(
-                f"layer range [{start_layer}, {end_layer}) is not inside [0, {config.num_hidden_layers})"
-            )
+            raise ValueError(f"layer range [{start_layer}, {end_layer}) is not inside [0, {config.num_hidden_layers})")
         self.model = MammothModa2Model(config, self.decoder_layer_type)
         self.lm_head = nn.Linear(config.hidden_size, config.base_vocab_size, bias=False)
         self.gen_head = (

@@ -74,10 +74,14 @@ def routing_errors(adapter, ids: torch.Tensor) -> list[str]:
     seen: dict[tuple[int, str], torch.Tensor] = {}
     handles = []
     for site in adapter.moe_sites():
-        handles.append(site.pre_norm.register_forward_hook(
-            lambda _m, args, out, i=site.layer: seen.update({(i, "h"): args[0], (i, "x"): out})))
-        handles.append(site.layer_module.register_forward_hook(
-            lambda _m, _args, out, i=site.layer: seen.update({(i, "out"): out})))
+        handles.append(
+            site.pre_norm.register_forward_hook(
+                lambda _m, args, out, i=site.layer: seen.update({(i, "h"): args[0], (i, "x"): out})
+            )
+        )
+        handles.append(
+            site.layer_module.register_forward_hook(lambda _m, _args, out, i=site.layer: seen.update({(i, "out"): out}))
+        )
     try:
         adapter.forward(ids)
     finally:
@@ -92,7 +96,9 @@ def routing_errors(adapter, ids: torch.Tensor) -> list[str]:
             for b, t in torch.cartesian_prod(torch.arange(ids.shape[0]), torch.arange(ids.shape[1])).tolist():
                 used, other = (with_gen, with_und) if is_gen[b, t] else (with_und, with_gen)
                 # rows an expert saw as a subset vs all rows: GEMM-shape rounding only, far below the experts' gap
-                if not torch.allclose(out[b, t], used[b, t], rtol=1e-5, atol=1e-6) or torch.allclose(out[b, t], other[b, t], atol=1e-4):
+                if not torch.allclose(out[b, t], used[b, t], rtol=1e-5, atol=1e-6) or torch.allclose(
+                    out[b, t], other[b, t], atol=1e-4
+                ):
                     errors.append(f"layer {site.layer} token ({b}, {t}) id {int(ids[b, t])}")
     return errors
 
@@ -158,7 +164,9 @@ def test_greedy_agrees_across_targets(reference, serving) -> None:
 def test_decode_rederives_the_mask_each_step(tiny_dir) -> None:
     adapter = ServingARAdapter.load(tiny_dir)
     gen_rows = []
-    hook = adapter.moe_sites()[0].gen.register_forward_hook(lambda _m, a, _o: gen_rows.append(a[0].reshape(-1, TINY.hidden_size).shape[0]))
+    hook = adapter.moe_sites()[0].gen.register_forward_hook(
+        lambda _m, a, _o: gen_rows.append(a[0].reshape(-1, TINY.hidden_size).shape[0])
+    )
     adapter.allocate_decode_state(2, 8)
     adapter.prefill(torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]))  # text only: gen_mlp idle
     assert gen_rows == []
@@ -176,7 +184,9 @@ def test_greedy_through_a_captured_step(tiny_dir) -> None:
     prompt = torch.tensor([[3, 17, START + 6, 300], [9, 9, 9, 9]])
     captured.allocate_decode_state(2, 10)
     with capture_probe("cpu", lambda: True):
-        graph = make_fx(captured.decode_step, tracing_mode="real")(torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+        graph = make_fx(captured.decode_step, tracing_mode="real")(
+            torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, dtype=torch.long)
+        )
     replayed = captured.greedy_generate(prompt, 6, step_fn=graph)
     want = eager.greedy_generate(prompt, 6)
     assert torch.equal(replayed.tokens, want.tokens)

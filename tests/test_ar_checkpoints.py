@@ -22,7 +22,12 @@ def test_random_state_dict_follows_the_init_rule() -> None:
     assert torch.equal(state["model.layers.0.input_layernorm.weight"], torch.ones(TINY.hidden_size))
     assert torch.equal(state["model.norm.weight"], torch.ones(TINY.hidden_size))
     assert torch.equal(state["model.layers.1.self_attn.q_proj.bias"], torch.zeros(TINY.hidden_size))
-    for name in ("model.embed_tokens.weight", "model.gen_embed_tokens.weight", "gen_head.weight", "model.layers.3.gen_mlp.down_proj.weight"):
+    for name in (
+        "model.embed_tokens.weight",
+        "model.gen_embed_tokens.weight",
+        "gen_head.weight",
+        "model.layers.3.gen_mlp.down_proj.weight",
+    ):
         assert abs(state[name].std().item() - 0.02) < 0.002, name  # normal(0, 0.02) on >= 8192 draws
     # gen experts exactly on layers 2 and 3, three tensors each (spec 2.4: 3 per layer)
     gen = sorted(n for n in state if ".gen_mlp." in n)
@@ -31,8 +36,14 @@ def test_random_state_dict_follows_the_init_rule() -> None:
     again = checkpoints.random_state_dict(TINY, SEED)
     assert all(torch.equal(state[n], again[n]) for n in state)
     assert not torch.equal(state["lm_head.weight"], checkpoints.random_state_dict(TINY, SEED + 1)["lm_head.weight"])
-    assert torch.equal(checkpoints.random_state_dict(TINY, SEED, dtype=torch.float64)["lm_head.weight"], state["lm_head.weight"].double())
-    assert torch.equal(checkpoints.random_state_dict(TINY, SEED, dtype=torch.bfloat16)["lm_head.weight"], state["lm_head.weight"].bfloat16())
+    assert torch.equal(
+        checkpoints.random_state_dict(TINY, SEED, dtype=torch.float64)["lm_head.weight"],
+        state["lm_head.weight"].double(),
+    )
+    assert torch.equal(
+        checkpoints.random_state_dict(TINY, SEED, dtype=torch.bfloat16)["lm_head.weight"],
+        state["lm_head.weight"].bfloat16(),
+    )
 
 
 def test_make_checkpoint_registry(tmp_path) -> None:
@@ -66,7 +77,9 @@ def test_round_trip_through_both_implementations(tmp_path, max_shard_bytes) -> N
     srv_model.save_pretrained(tmp_path / "srv", max_shard_bytes=max_shard_bytes)
     resaved = dict(safetensors_io.iterate_weights(tmp_path / "srv"))
     assert resaved.keys() == state.keys() and all(torch.equal(resaved[n], state[n]) for n in state)
-    assert json.loads((tmp_path / "srv" / "config.json").read_text()) == json.loads((written / "config.json").read_text())
+    assert json.loads((tmp_path / "srv" / "config.json").read_text()) == json.loads(
+        (written / "config.json").read_text()
+    )
 
 
 def _broken_checkpoint(tmp_path):
@@ -89,7 +102,12 @@ def test_reference_names_every_mismatch_in_one_error(tmp_path) -> None:
     assert err.unexpected == ["model.layers.1.gen_mlp.gate_proj.weight"]
     assert err.wrong_shape == [("lm_head.weight", (256, 64), (257, 64))]
     message = str(err)
-    for name in ("k_proj.bias", "layers.3.gen_mlp.up_proj", "layers.1.gen_mlp.gate_proj", "lm_head.weight: expected [256, 64], got [257, 64]"):
+    for name in (
+        "k_proj.bias",
+        "layers.3.gen_mlp.up_proj",
+        "layers.1.gen_mlp.gate_proj",
+        "lm_head.weight: expected [256, 64], got [257, 64]",
+    ):
         assert name in message
     assert str(tmp_path) in message
 

@@ -51,7 +51,9 @@ def test_moe_enable_follows_upstream(impl: str) -> None:
 @pytest.mark.parametrize(
     "mutant",
     [
-        lambda t, lt, i: MOE_ENABLES["reference"](t, lt, i) or (t == "ffn-18:36" and i == 36) or (t == "ffn-14:28" and i == 28),
+        lambda t, lt, i: (
+            MOE_ENABLES["reference"](t, lt, i) or (t == "ffn-18:36" and i == 36) or (t == "ffn-14:28" and i == 28)
+        ),
         lambda t, lt, i: MOE_ENABLES["reference"](t, lt, i - 1),  # shifted by one
         lambda t, lt, i: t.split("-")[0] == lt and MOE_ENABLES["reference"](t, lt, i),  # exact match, not substring
         lambda t, lt, i: t != "none",  # ignores the range
@@ -81,11 +83,21 @@ def test_parse_moe_type_ranges() -> None:
 
 def test_named_configs_match_the_spec() -> None:
     tiny, full = ref_cfg.ar_config("tiny"), ref_cfg.ar_config("full")
-    assert (tiny.num_hidden_layers, tiny.hidden_size, tiny.num_attention_heads, tiny.num_key_value_heads) == (4, 64, 4, 2)
+    assert (tiny.num_hidden_layers, tiny.hidden_size, tiny.num_attention_heads, tiny.num_key_value_heads) == (
+        4,
+        64,
+        4,
+        2,
+    )
     assert (tiny.intermediate_size, tiny.rms_norm_eps, tiny.rope_theta, tiny.head_dim) == (128, 1e-6, 1e6, 16)
     assert (tiny.vocab_size, tiny.gen_vocab_size, tiny.gen_vocab_start_index) == (256, 64, 256)
     assert tiny.moe_type == "ffn-2:4" and tiny.moe_layers == (2, 3) and tiny.logits_width == 320
-    assert (full.hidden_size, full.num_hidden_layers, full.num_attention_heads, full.num_key_value_heads) == (3584, 28, 28, 4)
+    assert (full.hidden_size, full.num_hidden_layers, full.num_attention_heads, full.num_key_value_heads) == (
+        3584,
+        28,
+        28,
+        4,
+    )
     assert (full.intermediate_size, full.vocab_size, full.gen_vocab_size) == (18944, 152064, 32800)
     assert full.moe_layers == tuple(range(14, 28)) and full.rope_theta == 1e6 and full.rms_norm_eps == 1e-6
     layout = ref_cfg.token_layout("tiny")

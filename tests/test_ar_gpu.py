@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ar_support import GEN_LAST, START, SEED
+from ar_support import GEN_LAST, SEED, START
 
 from reference_models.ar_adapter import ReferenceARAdapter
 from reference_models.ar_config import ar_config
@@ -94,7 +94,9 @@ def test_cuda_capture_without_mask_fails_closed() -> None:
         """
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert "RAISED: model.layers.2" in result.stdout, result.stdout + result.stderr
     assert "enforce_eager" in result.stdout and "PIECEWISE is not a workaround" in result.stdout
 
@@ -105,7 +107,9 @@ def test_full_size_bf16_against_fp64_golden() -> None:
     config = ar_config("full")
     ids = torch.tensor([[151644, 872, 198, 152064, 152065, 152071, 152100, 184863, 3, 152064]], device="cuda")
     with torch.no_grad():
-        golden = ReferenceARAdapter.build(config, random_state_dict(config, SEED, "cuda", torch.float64), "cuda", torch.float64)
+        golden = ReferenceARAdapter.build(
+            config, random_state_dict(config, SEED, "cuda", torch.float64), "cuda", torch.float64
+        )
         golden_logits = golden.forward(ids).logits
         del golden
         torch.cuda.empty_cache()
@@ -116,7 +120,9 @@ def test_full_size_bf16_against_fp64_golden() -> None:
     assert srv_logits.shape == (1, ids.shape[1], 152064 + 32800)
     ref_err = (ref_logits.double() - golden_logits).pow(2).mean().sqrt().item()
     srv_err = (srv_logits.double() - golden_logits).pow(2).mean().sqrt().item()
-    print(f"full bf16 rmse vs fp64 golden: reference {ref_err:.4e}, serving {srv_err:.4e}, ratio {srv_err / ref_err:.3f}")
+    print(
+        f"full bf16 rmse vs fp64 golden: reference {ref_err:.4e}, serving {srv_err:.4e}, ratio {srv_err / ref_err:.3f}"
+    )
     # practice.md 1.1: bf16 multiplier 3 (torch._dynamo.utils.same), plus tol/10 with tol 1e-2
     assert srv_err <= 3 * ref_err + 1e-3
 
@@ -124,7 +130,9 @@ def test_full_size_bf16_against_fp64_golden() -> None:
     # chosen expert on the same single row, so the same kernels on the same shapes)
     step = cuda_graph_step(serving, batch=1, max_len=16)
     eager = ServingARAdapter(serving.module)
-    eager.decode_state = type(serving.decode_state)(serving.decode_state.key.clone(), serving.decode_state.value.clone())
+    eager.decode_state = type(serving.decode_state)(
+        serving.decode_state.key.clone(), serving.decode_state.value.clone()
+    )
     serving.prefill(ids)
     eager.decode_state.key.copy_(serving.decode_state.key)
     eager.decode_state.value.copy_(serving.decode_state.value)

@@ -41,8 +41,12 @@ def lookup_indices(adapter: ServingARAdapter, ids: torch.Tensor) -> dict[str, to
 
 def out_of_range(seen: dict[str, torch.Tensor], ids: torch.Tensor) -> list[str]:
     sizes = {"base": TINY.vocab_size, "gen": TINY.gen_vocab_size}
-    problems = [f"{name} index {int(i)}" for name, idx in seen.items() for i in idx.flatten() if not 0 <= i < sizes[name]]
-    problems += [f"{name} did not look up every token" for name in sizes if name not in seen or seen[name].shape != ids.shape]
+    problems = [
+        f"{name} index {int(i)}" for name, idx in seen.items() for i in idx.flatten() if not 0 <= i < sizes[name]
+    ]
+    problems += [
+        f"{name} did not look up every token" for name in sizes if name not in seen or seen[name].shape != ids.shape
+    ]
     return problems
 
 
@@ -79,7 +83,9 @@ class RowCounter:
     def __init__(self, **experts: nn.Module) -> None:
         self.rows = {name: [] for name in experts}
         self.handles = [
-            m.register_forward_hook(lambda _m, args, _o, n=name: self.rows[n].append(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
+            m.register_forward_hook(
+                lambda _m, args, _o, n=name: self.rows[n].append(args[0].reshape(-1, args[0].shape[-1]).shape[0])
+            )
             for name, m in experts.items()
         ]
 
@@ -161,7 +167,9 @@ def test_eager_embeddings_without_mask_run_und_everywhere(serving) -> None:
     ids = mixed_ids()
     embeds = serving.embed(ids)
     hazard = serving.forward(inputs_embeds=embeds).logits
-    assert torch.equal(hazard, serving.forward(inputs_embeds=embeds, gen_token_mask=torch.zeros_like(ids, dtype=torch.bool)).logits)
+    assert torch.equal(
+        hazard, serving.forward(inputs_embeds=embeds, gen_token_mask=torch.zeros_like(ids, dtype=torch.bool)).logits
+    )
     assert not torch.allclose(hazard, serving.forward(ids).logits)
 
 
@@ -209,7 +217,9 @@ def test_decode_step_captured_on_zeros_replays_gen_tokens(tiny_dir, reference) -
 
 def test_host_branch_dispatch_under_capture_is_caught(tiny_dir, monkeypatch) -> None:
     adapter = ServingARAdapter.load(tiny_dir)
-    monkeypatch.setattr(srv, "moe_dispatch", lambda h, und, gen, mask, name: und(h) if gen is None else srv.moe_eager(h, und, gen, mask))
+    monkeypatch.setattr(
+        srv, "moe_dispatch", lambda h, und, gen, mask, name: und(h) if gen is None else srv.moe_eager(h, und, gen, mask)
+    )
     with pytest.raises(RuntimeError, match="_local_scalar_dense"):
         trace_decode_step(adapter, batch=2, max_len=8)
 
@@ -296,7 +306,9 @@ def test_pipeline_stages_carry_the_mask(serving) -> None:
 
 def test_qwen3_variant_shares_forward_and_embedding() -> None:
     assert srv.MammothModa2Qwen3ForCausalLM.forward is srv.MammothModa2Qwen2ForCausalLM.forward
-    assert srv.MammothModa2Qwen3ForCausalLM.get_input_embeddings is srv.MammothModa2Qwen2ForCausalLM.get_input_embeddings
+    assert (
+        srv.MammothModa2Qwen3ForCausalLM.get_input_embeddings is srv.MammothModa2Qwen2ForCausalLM.get_input_embeddings
+    )
     torch.manual_seed(0)
     top = srv.MammothModa2ForConditionalGeneration(TINY.replace(model_type=QWEN3_MODEL_TYPE)).requires_grad_(False)
     assert isinstance(top.ar, srv.MammothModa2Qwen3ARForConditionalGeneration)
