@@ -6,7 +6,8 @@ Construction
     `load(checkpoint_dir, device="cpu", dtype=torch.float32)` (classmethod): HF-style directory.
     `build(config, state_dict, device="cpu", dtype=torch.float32)` (classmethod): in memory;
     `config` may be either package's config or any object with the upstream field names;
-    `state_dict` has checkpoint (upstream) names.
+    `state_dict` has checkpoint (upstream) names; tensors already on `device` in `dtype` are
+    adopted without a copy (the serving target copies only what it fuses).
 Attributes
     `name: str`; `config` (the upstream-named config dataclass); `module` (the nn.Module);
     `moe_layers: tuple[int, ...]` (layers whose module holds a `gen_mlp`, read from the module);

@@ -436,6 +436,8 @@ class MammothModa2Qwen2ForCausalLM(nn.Module):
         capture: fails closed).
         """
         if self.is_first_stage:
+            if input_ids is None and inputs_embeds is None:
+                raise ValueError("the first pipeline stage needs input_ids or inputs_embeds")
             hidden_states = inputs_embeds if inputs_embeds is not None else self.get_input_embeddings(input_ids)
             if gen_token_mask is None and input_ids is not None:
                 gen_token_mask = derive_gen_token_mask(input_ids, self.config.gen_vocab_start_index)
