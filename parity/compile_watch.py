@@ -54,6 +54,7 @@ class CompileEvent:
     kind: EventKind
     reasons: tuple[str, ...] = ()  # guard failures that caused a recompile (empty for a first compile)
     limit_type: str | None = None  # set when the recompile limit was hit
+    limit_value: Any = None  # the limit's value at that moment
     error: str | None = None  # the exception text, for limit hits and failed attempts
     raised: bool = False  # the attempt raised to the caller (not swallowed into an eager run)
     calls_at_event: int = 0  # calls of the code's counted callable made when this happened
@@ -108,6 +109,7 @@ class _Attempt:
     code: CodeType
     reasons: tuple[str, ...] | None = None
     limit_type: str | None = None
+    limit_value: Any = None
     error: BaseException | None = None
     produced: bool = False
 
@@ -219,6 +221,7 @@ class _DynamoTap:
             stack = self._stack()
             if exceeded and stack:
                 stack[-1].limit_type = str(limit_type)
+                stack[-1].limit_value = getattr(torch._dynamo.config, str(limit_type), None)
             return result
 
         return watched_limit
@@ -286,7 +289,8 @@ class CompileLedger:
 
     def _record(self, attempt: _Attempt) -> None:
         error = attempt.error
-        error_text = f"{type(error).__name__}: {error}" if error is not None else None
+        # First line only: Dynamo's messages go on with hints and URLs.
+        error_text = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}" if error is not None else None
         limit_type = attempt.limit_type
         if limit_type is None and error is not None and "recompile limit" in str(error).lower():
             limit_type = "recompile_limit"
@@ -311,6 +315,7 @@ class CompileLedger:
                 kind=kind,
                 reasons=attempt.reasons or (),
                 limit_type=limit_type,
+                limit_value=attempt.limit_value,
                 error=error_text,
                 raised=raised,
                 calls_at_event=self._calls[attempt.code],
@@ -421,10 +426,9 @@ class CompileLedger:
             if code in self._calls:
                 rows.append(_row(f"calls[{label}]", self._calls[code], where))
             for hit in self.limit_hits(code):
-                how = "raised to the caller" if hit.raised else "swallowed: new shapes run eagerly"
-                rows.append(
-                    _row(f"recompile_limit_hit[{label}]", 1, f"{hit.limit_type}, {how}; {hit.error}", 0, "fail")
-                )
+                how = "raised to the caller" if hit.raised else "swallowed by Dynamo: new shapes run eagerly"
+                detail = f"{hit.limit_type}={hit.limit_value}, {how}; last guard failure: {' | '.join(hit.reasons) or '?'}"
+                rows.append(_row(f"recompile_limit_hit[{label}]", 1, detail, 0, "fail"))
             if code in fallbacks:
                 fb = fallbacks[code]
                 value = fb.calls_since if fb.calls_since is not None else -1

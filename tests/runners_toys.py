@@ -150,10 +150,6 @@ def host_read_case_cpu() -> CaptureCase:
     return CaptureCase(fn=HostRead("item").forward, example_inputs=(torch.randn(4),))
 
 
-def branch_free_case_cpu() -> CaptureCase:
-    return CaptureCase(fn=BranchFree().forward, example_inputs=(torch.randn(2, WIDTH),))
-
-
 def host_sync_case_cuda() -> CaptureCase:
     module = HostRead("item").cuda()
     return CaptureCase(fn=module.forward, example_inputs=(torch.randn(4, device="cuda"),))
