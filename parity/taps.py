@@ -24,7 +24,8 @@ from torch.utils import _pytree as pytree
 
 @dataclass(frozen=True)
 class TapCall:
-    """One call of a tapped module: its first positional input (None if it had none) and output."""
+    """One call of a tapped module: its first input (positional, else first keyword; None if
+    neither) and its output (any structure of tensors, copied)."""
 
     input: Any
     output: Any
@@ -51,13 +52,14 @@ class TapSet:
         for name, module in (modules or {}).items():
             if not isinstance(module, nn.Module):
                 raise TypeError(f"tap {name!r}: expected an nn.Module, got {type(module).__name__}")
-            self._handles.append(module.register_forward_hook(self._hook_for(name)))
+            self._handles.append(module.register_forward_hook(self._hook_for(name), with_kwargs=True))
 
     def _hook_for(self, name: str):
         store = self._store[name]
 
-        def record(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            first = args[0] if args else None
+        def record(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            # The first positional argument; a module called with keywords only gives its first one.
+            first = args[0] if args else next(iter(kwargs.values()), None)
             store.append((_detached_copy(first), _detached_copy(output)))
 
         return record

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from runners_toys import WIDTH, seeded_linear
+from tests.runners_toys import WIDTH, seeded_linear
 from torch import nn
 
 from parity.compile_fixtures import fresh_compile_state  # noqa: F401  (autouse: empty Dynamo cache per test)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runners_toys import (
+from tests.runners_toys import (
     GEN_START,
     WIDTH,
     BranchFree,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runners_toys import (
+from tests.runners_toys import (
     GEN_START,
     WIDTH,
     BranchFree,
@@ -140,19 +140,19 @@ def test_compiled_cuda_graph_matches_eager():
 
 
 def test_capturing_a_host_sync_fails_in_a_subprocess_naming_the_module():
-    outcome = capture_in_subprocess("runners_toys:host_sync_case_cuda")
+    outcome = capture_in_subprocess("tests.runners_toys:host_sync_case_cuda")
     assert outcome.captured is False, outcome.stderr_tail
     assert outcome.error_type == "CaptureError"
     assert "CUDA graph capture of HostRead.forward failed" in outcome.message
 
 
 def test_a_tensor_if_under_capture_fails_naming_the_given_site():
-    outcome = capture_in_subprocess("runners_toys:tensor_if_case_cuda")
+    outcome = capture_in_subprocess("tests.runners_toys:tensor_if_case_cuda")
     assert outcome.captured is False, outcome.stderr_tail
     assert "CUDA graph capture of decoder.layers.2.mlp failed" in outcome.message
 
 
 def test_a_clean_module_captures_in_a_subprocess():
-    outcome = capture_in_subprocess("runners_toys:branch_free_case_cuda")
+    outcome = capture_in_subprocess("tests.runners_toys:branch_free_case_cuda")
     assert outcome.captured is True, outcome.message
     assert outcome.rng_usable_after is True

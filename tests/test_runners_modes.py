@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runners_toys import GEN_START, WIDTH, BranchFree, HostRead, RepeatedCall, TwoExpertMoE
+from tests.runners_toys import GEN_START, WIDTH, BranchFree, HostRead, RepeatedCall, TwoExpertMoE
 from serving_models import capture as capture_registry
 from torch import nn
 
@@ -44,11 +44,13 @@ def test_compiled_mode_compiles_at_prepare_and_runs_compiled_code():
     module = BranchFree()
     with CompileLedger() as ledger:
         prepared = make_runner("compiled", device="cpu", backend=FAST_BACKEND, ledger=ledger).prepare(
-            module.forward, (torch.randn(3, WIDTH),)
+            module.forward, (torch.randn(3, WIDTH),), taps={"up": module.up}
         )
         assert ledger.compiles(BranchFree.forward) == 1  # compiled by prepare, on the dummy inputs
         for rows in (3, 5, 7):  # dynamic=True: one graph for every size >= 2
-            prepared(torch.randn(rows, WIDTH))
+            x = torch.randn(rows, WIDTH)
+            torch.testing.assert_close(prepared(x).taps["up"][0].input, x, rtol=0, atol=0)
+    # The tap hooks and their store (cleared before each call) add no guard that recompiles.
     assert ledger.compiles(BranchFree.forward) == 1
     assert ledger.calls(BranchFree.forward) == 4  # prepare's call + 3
     assert not ledger.eager_fallbacks()
@@ -135,7 +137,7 @@ def test_mode_lists():
 
 
 def test_isolated_capture_reports_the_failure_and_names_the_module():
-    failed = capture_in_subprocess("runners_toys:host_read_case_cpu", mode="cpu_graph", device="cpu")
+    failed = capture_in_subprocess("tests.runners_toys:host_read_case_cpu", mode="cpu_graph", device="cpu")
     assert failed.captured is False
     assert failed.error_type == "CaptureError"
     assert "while capturing HostRead.forward" in failed.message
