@@ -289,8 +289,11 @@ class CompileLedger:
 
     def _record(self, attempt: _Attempt) -> None:
         error = attempt.error
-        # First line only: Dynamo's messages go on with hints and URLs.
-        error_text = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}" if error is not None else None
+        error_text = None
+        if error is not None:
+            # First line only: Dynamo's messages go on with hints and URLs.
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            error_text = f"{type(error).__name__}: {first_line}"
         limit_type = attempt.limit_type
         if limit_type is None and error is not None and "recompile limit" in str(error).lower():
             limit_type = "recompile_limit"
@@ -427,7 +430,8 @@ class CompileLedger:
                 rows.append(_row(f"calls[{label}]", self._calls[code], where))
             for hit in self.limit_hits(code):
                 how = "raised to the caller" if hit.raised else "swallowed by Dynamo: new shapes run eagerly"
-                detail = f"{hit.limit_type}={hit.limit_value}, {how}; last guard failure: {' | '.join(hit.reasons) or '?'}"
+                last = " | ".join(hit.reasons) or "?"
+                detail = f"{hit.limit_type}={hit.limit_value}, {how}; last guard failure: {last}"
                 rows.append(_row(f"recompile_limit_hit[{label}]", 1, detail, 0, "fail"))
             if code in fallbacks:
                 fb = fallbacks[code]

@@ -9,6 +9,7 @@ is a method a test or a mutant can switch off (`copy_inputs=False`, or override 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ def describe_site(fn: Callable[..., Any], name: str | None) -> str:
     """A readable name for error messages: the given name, else the bound module's class + method."""
     if name:
         return name
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     owner = getattr(fn, "__self__", None)
     method = getattr(fn, "__name__", None) or type(fn).__name__
     if owner is not None:

@@ -108,7 +108,9 @@ class CompiledRun(PreparedRun):
         try:
             self(*warm)
         except Exception as error:
-            error.add_note(f"while compiling {site} (torch.compile fullgraph={options.fullgraph}, dynamic={options.dynamic})")
+            error.add_note(
+                f"while compiling {site} (torch.compile fullgraph={options.fullgraph}, dynamic={options.dynamic})"
+            )
             raise
 
     def __call__(self, *inputs: Any) -> RunResult:

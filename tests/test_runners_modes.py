@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from tests.runners_toys import GEN_START, WIDTH, BranchFree, HostRead, RepeatedCall, TwoExpertMoE
@@ -118,6 +120,12 @@ def test_site_name_defaults_to_the_bound_module_and_method():
 
     with pytest.raises(Exception, match="while capturing test_site_name_defaults_to_the_bound_module_and_method.<locals>.free_function"):
         make_runner("cpu_graph", device="cpu").prepare(free_function, (torch.randn(4),))
+
+    def scaled(x, factor):
+        return x * factor * x.sum().item()
+
+    with pytest.raises(Exception, match=r"while capturing test_site_name.*\.<locals>\.scaled"):
+        make_runner("cpu_graph", device="cpu").prepare(functools.partial(scaled, factor=2.0), (torch.randn(4),))
 
 
 def test_make_runner_refuses_what_it_cannot_do():
