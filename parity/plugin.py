@@ -41,6 +41,10 @@ MARKERS = {
     "suite(name)": "the report suite a test writes rows for (e.g. numerics, routing)",
 }
 DEFAULT_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
+# Tiny CPU models run faster on one thread than on two contended ones (a tiny forward: ~1.5 ms vs
+# ~200 ms on a shared 2-core box), and a fixed thread count keeps reductions, hence rows, the same
+# between serial and xdist runs. PARITY_CPU_THREADS overrides it.
+CPU_THREADS_ENV = "PARITY_CPU_THREADS"
 DEFAULT_REPORT_DIR = env.PROJECT_ROOT / "reports" / "runs"
 _RUN_DIR = pytest.StashKey[Path]()
 _WRITER = pytest.StashKey[ReportWriter]()
@@ -100,9 +104,10 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     device = config.getoption("--device")
-    if device == "cuda":
-        import torch
+    import torch
 
+    torch.set_num_threads(int(os.environ.get(CPU_THREADS_ENV, "1")))
+    if device == "cuda":
         if not torch.cuda.is_available():
             raise pytest.UsageError("--device cuda: no CUDA device is available on this machine")
     if _is_worker(config):
@@ -380,6 +385,16 @@ def device(settings: RunSettings) -> Any:
     import torch
 
     return torch.device(settings.device)
+
+
+@pytest.fixture(autouse=True)
+def fresh_compile_state() -> Iterator[None]:
+    """Every test starts with an empty Dynamo cache: a test that expects "one compile on the first
+    shape" must not pass or fail because of what an earlier test compiled (vllm-omni#7455)."""
+    from parity.compile_watch import reset_compile_state
+
+    reset_compile_state()
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -40,9 +40,8 @@ Computation (no autograd)
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,16 +74,30 @@ class GenerateOutput:
     step_logits: torch.Tensor
 
 
-@contextlib.contextmanager
-def record_outputs(modules: list[nn.Module]) -> Iterator[list[torch.Tensor]]:
-    """Collect each module's forward output, in call order, while the block runs."""
-    outputs: list[torch.Tensor] = []
-    handles = [m.register_forward_hook(lambda _m, _args, out: outputs.append(out)) for m in modules]
-    try:
-        yield outputs
-    finally:
-        for handle in handles:
-            handle.remove()
+class LayerOutputs:
+    """Collects each decoder layer's output while a full-sequence forward runs.
+
+    The hooks are registered once, at construction: a forward that registered and removed hooks
+    itself could not be traced by torch.compile (`RemovableHandle` bookkeeping is a graph break),
+    while persistent hooks and a list that a forward fills are ordinary traced Python. Between
+    forwards (prefill, decode steps) the hooks record nothing.
+    """
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.sink: list[torch.Tensor] | None = None
+        self.handles = [m.register_forward_hook(self._record) for m in modules]
+
+    def _record(self, _module: nn.Module, _args: tuple, output: torch.Tensor) -> None:
+        if self.sink is not None:
+            self.sink.append(output)
+
+    def run(self, call: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        self.sink = []
+        try:
+            result = call()
+            return result, tuple(self.sink)
+        finally:
+            self.sink = None
 
 
 class traceable_method:
@@ -112,6 +125,7 @@ class ServingARAdapter:
     def __init__(self, module: MammothModa2ForConditionalGeneration) -> None:
         self.module = module
         self.decode_state: StaticKVCache | None = None
+        self._layer_outputs = LayerOutputs(list(self._layers))
 
     @classmethod
     def load(
@@ -187,16 +201,18 @@ class ServingARAdapter:
     ) -> AROutput:
         shaped = input_ids if input_ids is not None else inputs_embeds
         positions = self._positions(shaped.shape[0], shaped.shape[1], shaped.device)
-        with record_outputs(list(self._layers)) as layer_outputs:
-            hidden = self.module(input_ids, positions, inputs_embeds=inputs_embeds, gen_token_mask=gen_token_mask)
-        return AROutput(self.module.compute_logits(hidden), tuple(layer_outputs))
+        hidden, layer_outputs = self._layer_outputs.run(
+            lambda: self.module(input_ids, positions, inputs_embeds=inputs_embeds, gen_token_mask=gen_token_mask)
+        )
+        return AROutput(self.module.compute_logits(hidden), layer_outputs)
 
     @torch.no_grad()
     def forward_multimodal(self, inputs_embeds: torch.Tensor, input_ids: torch.Tensor) -> AROutput:
         positions = self._positions(input_ids.shape[0], input_ids.shape[1], input_ids.device)
-        with record_outputs(list(self._layers)) as layer_outputs:
-            logits = ar_runner.execute_model(self.module, input_ids, inputs_embeds, positions)
-        return AROutput(logits, tuple(layer_outputs))
+        logits, layer_outputs = self._layer_outputs.run(
+            lambda: ar_runner.execute_model(self.module, input_ids, inputs_embeds, positions)
+        )
+        return AROutput(logits, layer_outputs)
 
     # ---- decoding over the static KV cache ----
 

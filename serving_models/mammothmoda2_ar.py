@@ -283,12 +283,20 @@ def moe_dispatch(
     gen_token_mask: torch.Tensor | None,
     layer_name: str,
 ) -> torch.Tensor:
-    """Pick the routing strategy: eager paths outside capture, the blend under capture, never a baked branch."""
+    """Pick the routing strategy: eager paths outside any graph, the blend inside one, never a baked branch.
+
+    A graph is a stream capture or a torch.compile trace: Dynamo evaluates the capture probe as
+    "not capturing" while it traces, and a traced graph can no more branch on the mask's values
+    than a captured one, so a compiled forward with a mask takes the blend too. Compiling without
+    a mask follows eager (und everywhere, the upstream hazard); only capture fails closed.
+    """
     if gen_expert is None:
         return und_expert(hidden_states)
     if capture.is_capturing(hidden_states.device):
         if gen_token_mask is None:
             raise missing_mask_capture_error(layer_name)
+        return moe_blend(hidden_states, und_expert, gen_expert, gen_token_mask)
+    if gen_token_mask is not None and torch.compiler.is_compiling():
         return moe_blend(hidden_states, und_expert, gen_expert, gen_token_mask)
     return moe_eager(hidden_states, und_expert, gen_expert, gen_token_mask)
 

@@ -247,7 +247,7 @@ def _check_config(
         raise ValueError(f"select_experts: shared_weight_mode must be one of {SHARED_WEIGHT_MODES}, got {shared_weight_mode!r}")
     if num_shared_experts < 0:
         raise ValueError(f"select_experts: num_shared_experts must be >= 0, got {num_shared_experts}")
-    if not (routed_scaling_factor > 0 and math.isfinite(routed_scaling_factor)):
+    if not 0 < routed_scaling_factor < math.inf:  # also false for NaN; plain comparisons trace under Dynamo
         raise ValueError(f"select_experts: routed_scaling_factor must be finite and > 0, got {routed_scaling_factor}")
     if (num_expert_group is None) != (topk_group is None):
         raise ValueError(

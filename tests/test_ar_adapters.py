@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 import torch
-from ar_support import START, TINY, mixed_ids, reference, serving, tiny_dir  # noqa: F401 (fixtures)
+from tests.ar_support import START, TINY, mixed_ids, reference, serving, tiny_dir  # noqa: F401 (fixtures)
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 

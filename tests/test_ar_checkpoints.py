@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from ar_support import SEED, TINY, mixed_ids, reference, serving, tiny_dir  # noqa: F401 (fixtures)
+from tests.ar_support import SEED, TINY, mixed_ids, reference, serving, tiny_dir  # noqa: F401 (fixtures)
 from safetensors.torch import save_file
 
 from reference_models import checkpoints, hf_checkpoint

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ar_support import GEN_LAST, SEED, START
+from tests.ar_support import GEN_LAST, SEED, START
 
 from reference_models.ar_adapter import ReferenceARAdapter
 from reference_models.ar_config import ar_config

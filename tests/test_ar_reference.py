@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ar_support import GEN_LAST, START, TINY, mixed_ids, reference, tiny_dir  # noqa: F401 (fixtures)
+from tests.ar_support import GEN_LAST, START, TINY, mixed_ids, reference, tiny_dir  # noqa: F401 (fixtures)
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from reference_models import mammothmoda2_ar as ref

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ar_support import GEN_LAST, LAYOUT, START, TINY, mixed_ids, reference, serving, tiny_dir  # noqa: F401 (fixtures)
+from tests.ar_support import GEN_LAST, LAYOUT, START, TINY, mixed_ids, reference, serving, tiny_dir  # noqa: F401 (fixtures)
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -11,7 +11,6 @@ import torch
 import torch._dynamo
 from torch._dynamo import convert_frame
 
-from parity.compile_fixtures import fresh_compile_state  # noqa: F401  (autouse: empty Dynamo cache per test)
 from parity.compile_watch import (
     CompileLedger,
     CompileWatchUnavailable,

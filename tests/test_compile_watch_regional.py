@@ -6,7 +6,6 @@ import torch
 from tests.runners_toys import WIDTH, seeded_linear
 from torch import nn
 
-from parity.compile_fixtures import fresh_compile_state  # noqa: F401  (autouse: empty Dynamo cache per test)
 from parity.compile_watch import CompileLedger, fail_on_recompile
 from parity.regional import compile_repeated_blocks
 

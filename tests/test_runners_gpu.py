@@ -20,7 +20,6 @@ from tests.runners_toys import (
 from serving_models import capture as capture_registry
 
 from parity.capture_isolated import capture_in_subprocess
-from parity.compile_fixtures import fresh_compile_state  # noqa: F401  (autouse: empty Dynamo cache per test)
 from parity.compile_watch import CompileLedger
 from parity.runners import ReplayInputError, make_runner
 

@@ -11,7 +11,6 @@ from serving_models import capture as capture_registry
 from torch import nn
 
 from parity.capture_isolated import capture_in_subprocess
-from parity.compile_fixtures import fresh_compile_state  # noqa: F401  (autouse: empty Dynamo cache per test)
 from parity.compile_watch import CompileLedger
 from parity.runners import CPU_MODES, GPU_MODES, MODES, RunResult, make_runner, modes_for
 

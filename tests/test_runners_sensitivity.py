@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import parity.cpu_graph
-from parity.compile_fixtures import fresh_compile_state  # noqa: F401  (autouse: empty Dynamo cache per test)
 from parity.compile_watch import CompileLedger, reset_compile_state
 from parity.cpu_graph import CpuGraphRun
 from parity.regional import RegionalCompile
