@@ -21,7 +21,8 @@ Adapter shape (the same in `serving_models/dit_adapter.py`; the harness codifies
     adapter.text_condition(length, seed, batch=1) -> (text_states fp32 [B,L,D], mask [B,L] bool),
         on adapter.device, in adapter.dtype (identical in both packages)
 
-Module-level `load` and `build` are the classmethods (for `target.load_dit`/`build_dit`).
+Module-level `load` (alias `from_pretrained`) and `build` are the classmethods (for
+`target.load_dit` / `target.build_dit`).
 
 Sampling here is upstream's, with one documented choice: when CFG is active the conditional and
 unconditional streams run as ONE doubled batch, the unconditional rows carrying an all-false text
@@ -182,5 +183,5 @@ class ReferenceDiT:
         return self.decode(latents)
 
 
-load = ReferenceDiT.load
+load = from_pretrained = ReferenceDiT.load
 build = ReferenceDiT.build

@@ -147,5 +147,5 @@ class ServingDiT:
         return self.decode(self.sample(text_states, text_mask, height, width, steps, guidance_scale, cfg_range, seed))
 
 
-load = ServingDiT.load
+load = from_pretrained = ServingDiT.load
 build = ServingDiT.build

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dit_support import latents, tiny_state
+from tests.dit_support import latents, tiny_state
 from reference_models.dit_adapter import ReferenceDiT
 from reference_models.dit_checkpoint import (
     CheckpointMismatchError,

@@ -17,6 +17,9 @@ Expected counts (spec §5, invariants 11-12) and what was measured:
 
 The count is decided by Dynamo's guards, so the lattice runs with the `eager` backend to stay
 fast; the `slow` test repeats the warm-up with Inductor and checks compiled vs eager numerics.
+Measured on the shared 2-core helper box (torch 2.13 CPU): the same counts with Inductor over
+the whole lattice; Inductor warm-up (both kinds) 23-48 s with a cold cache, 5-9 s warm; the
+text-length-1 compile 5 s cold; the eager-backend tests here take 1-6 s each.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import torch
 import torch._dynamo
 from torch._dynamo import convert_frame
 
-from dit_support import latents, tiny_pair
+from tests.dit_support import latents, tiny_pair
 from serving_models import dit_model
 from serving_models.dit_model import TransformerBlock
 
@@ -169,7 +172,8 @@ def test_fullgraph_rejects_a_host_read_inside_a_block(counter, monkeypatch):
     monkeypatch.setattr(dit_model.Attention, "forward", forward_with_host_branch)
     _, serving = tiny_pair()
     regionally_compile(serving.module, counter, "eager")
-    with pytest.raises(torch._dynamo.exc.Unsupported, match="Data-dependent branching"):
+    # The message differs across torch versions ("Data-dependent branching" in 2.13).
+    with pytest.raises(torch._dynamo.exc.TorchDynamoException, match="(?i)data-dependent|control flow"):
         step(serving, (32, 32), 4, cfg=False)
 
 

@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from dit_support import latents, record_block_outputs, tiny_pair
+from tests.dit_support import latents, record_block_outputs, tiny_pair
 
 # fp32: the two implementations sum in different orders (the serving joint sequence is
 # [text slots, image] through SDPA, the reference [text, image, tail padding] through einsum and

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dit_support import latents, tiny_pair, tiny_state
+from tests.dit_support import latents, tiny_pair, tiny_state
 from reference_models.dit_config import tiny_config
 from reference_models.dit_model import RotaryPosEmbed, apply_rotary_interleaved
 from serving_models.dit_adapter import ServingDiT

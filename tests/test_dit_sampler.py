@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from dit_support import tiny_pair
+from tests.dit_support import tiny_pair
 from reference_models import dit_sampler as ref_sampler
 from serving_models import dit_sampler as srv_sampler
 
