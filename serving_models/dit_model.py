@@ -16,6 +16,9 @@ Same math as upstream (spec §4), arranged the way a serving engine needs it (sp
   image tokens are always the last `h·w` positions. Upstream instead packs `[text[:cap_len],
   image]` with host-read lengths; attention is permutation-equivariant, so both give the same
   velocity up to summation order.
+* No block input is a view (`block_input`): Dynamo guards a view through its base, so the noise
+  refiner (fed a Linear's 3-D output, a view) and the main stack (fed a `cat`) would otherwise
+  compile two graphs of the modulated kind.
 * CFG runs as two batch-1 calls (the adapter's job), the unconditional one with text length 0.
 
 Mutation points kept small and named: `_repeated_blocks`, `_apply_refiners`,

@@ -112,6 +112,16 @@ def test_text_length_one_specialises_the_context_refiner_once(counter):
     assert counter.count == 3
 
 
+def test_view_inputs_would_compile_a_third_graph(counter, monkeypatch):
+    """Why `block_input` exists: without it the warm-up compiles 3 graphs, not 2 (the noise
+    refiner's input is a view of x_embedder's matmul output, the main stack's a cat result)."""
+    monkeypatch.setattr(dit_model, "block_input", lambda t: t)
+    _, serving = tiny_pair()
+    regionally_compile(serving.module, counter, "eager")
+    step(serving, (32, 32), 4, cfg=True)
+    assert counter.count == 3
+
+
 def test_catches_missing_repeated_blocks(counter, monkeypatch):
     """Mutant: no `_repeated_blocks` -> regional compile compiles nothing (runs eager)."""
     _, serving = tiny_pair()
