@@ -1,7 +1,7 @@
 """Random checkpoints with upstream tensor names, for parity runs without released weights.
 
 `make_checkpoint(kind, size, seed, out_dir)` writes an HF-style directory through the maker
-registered for `kind` in `MAKERS` (this module registers "ar"; other model families add their
+registered for `kind` in `MAKERS` ("ar" here, "dit" from `dit_checkpoint`; other model families add their
 own entry). `random_state_dict(config, seed, device, dtype)` is the in-memory path for full-size
 GPU configurations that should never touch disk.
 
@@ -23,6 +23,7 @@ from torch import nn
 from reference_models import hf_checkpoint
 from reference_models.ar_config import MammothModa2ARConfig, ar_config
 from reference_models.mammothmoda2_ar import MammothModa2ForCausalLM, Qwen2RMSNorm
+from reference_models.dit_checkpoint import make_dit_checkpoint
 
 INIT_STD = 0.02
 
@@ -100,10 +101,11 @@ def make_ar_checkpoint(
 
 
 MAKERS["ar"] = make_ar_checkpoint
+MAKERS["dit"] = make_dit_checkpoint
 
 
 def make_checkpoint(kind: str, size: str, seed: int, out_dir: str | Path, **options) -> Path:
-    """Write a random checkpoint of model family `kind` ("ar", ...) and `size` to `out_dir`.
+    """Write a random checkpoint of model family `kind` ("ar" or "dit") and `size` to `out_dir`.
 
     `options` go to the maker (e.g. `max_shard_bytes` for a sharded directory).
     """
