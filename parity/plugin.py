@@ -76,6 +76,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"directory that receives one run directory per run (default {DEFAULT_REPORT_DIR})",
     )
     group.addoption("--run-id", default=None, help="name of this run's directory (default: timestamp + random)")
+    group.addoption(
+        "--seed",
+        type=int,
+        default=0,
+        help="offset added to every case seed and checkpoint seed (default 0): the same suites on other random models",
+    )
     group.addoption("--no-parity-summary", action="store_true", help=argparse.SUPPRESS)  # parity run prints its own
     group.addoption(
         "--suite",
@@ -116,7 +122,12 @@ def pytest_configure(config: pytest.Config) -> None:
         base = config.getoption("--report-dir") or DEFAULT_REPORT_DIR
         run_dir = make_run_dir(base, config.getoption("--run-id") or new_run_id())
         info = {"run_id": run_dir.name, "args": config.invocation_params.args, **env.describe(device)}
-        info.update(size=config.getoption("--size"), dtype=_dtype_name(config), target=config.getoption("--target"))
+        info.update(
+            size=config.getoption("--size"),
+            dtype=_dtype_name(config),
+            target=config.getoption("--target"),
+            seed=config.getoption("--seed"),
+        )
         write_run_info(run_dir, info)
         if config.pluginmanager.hasplugin("xdist"):
             config.pluginmanager.register(_XdistHooks(config), "parity-xdist")
@@ -355,6 +366,7 @@ class RunSettings:
     dtype: str
     target: str
     run_dir: Path
+    seed: int = 0
 
     @property
     def torch_dtype(self) -> Any:
@@ -371,6 +383,7 @@ def settings(pytestconfig: pytest.Config) -> RunSettings:
         dtype=_dtype_name(pytestconfig),
         target=pytestconfig.getoption("--target"),
         run_dir=pytestconfig.stash[_RUN_DIR],
+        seed=pytestconfig.getoption("--seed"),
     )
 
 

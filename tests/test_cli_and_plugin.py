@@ -20,7 +20,7 @@ def _only_run_dir(report_dir: Path) -> Path:
 def test_run_help_documents_every_option() -> None:
     result = run_parity(["run", "--help"])
     assert result.returncode == 0
-    for option in ("--device", "--size", "--dtype", "--target", "--report-dir", "--run-id", "--suite", "--numprocesses", "--benchmarks"):
+    for option in ("--device", "--size", "--dtype", "--target", "--report-dir", "--run-id", "--suite", "--numprocesses", "--benchmarks", "--seed"):
         assert option in result.stdout
 
 
