@@ -10,6 +10,7 @@ it to the workers; all processes append to the same `results.csv` (see `parity.r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -39,6 +40,10 @@ MARKERS = {
     "slow": "takes more than a few seconds on the CPU lane",
     "benchmark": "a pytest-benchmark measurement; run without xdist (`-p no:xdist`)",
     "suite(name)": "the report suite a test writes rows for (e.g. numerics, routing)",
+    "keep_compile_cache": (
+        "skip the per-test Dynamo reset: for parity tests that compare outputs of the same compiled "
+        "functions (reuse cannot hide a parity failure; guards still hold) and must not recompile them"
+    ),
 }
 DEFAULT_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
 # Tiny CPU models run faster on one thread than on two contended ones (a tiny forward: ~1.5 ms vs
@@ -293,6 +298,16 @@ class SuiteReport:
                     self.info(metric=metric, value=value, verdict=verdict.verdict, detail=leaf.name, better=better, **where)
         return verdict
 
+    @contextlib.contextmanager
+    def guard(self, *, case: str, mode: str | None = None, site: str = "") -> Iterator[None]:
+        """Turn an exception inside the block into an `error` row for `case` and carry on, so one
+        broken case does not hide the rows of the others (the test still fails at the end)."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - the row is the report of it
+            message = f"{type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
+            self.record(case=case, mode=mode, site=site, metric="exception", value=None, verdict=ERROR, detail=message)
+
     @property
     def failures(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if r["kind"] == "gate" and r["verdict"] in (FAIL, ERROR)]
@@ -401,12 +416,14 @@ def device(settings: RunSettings) -> Any:
 
 
 @pytest.fixture(autouse=True)
-def fresh_compile_state() -> Iterator[None]:
+def fresh_compile_state(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every test starts with an empty Dynamo cache: a test that expects "one compile on the first
-    shape" must not pass or fail because of what an earlier test compiled (vllm-omni#7455)."""
-    from parity.compile_watch import reset_compile_state
+    shape" must not pass or fail because of what an earlier test compiled (vllm-omni#7455).
+    Tests marked `keep_compile_cache` (output comparisons only) opt out."""
+    if request.node.get_closest_marker("keep_compile_cache") is None:
+        from parity.compile_watch import reset_compile_state
 
-    reset_compile_state()
+        reset_compile_state()
     yield
 
 

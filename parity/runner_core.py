@@ -9,6 +9,8 @@ is a method a test or a mutant can switch off (`copy_inputs=False`, or override 
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -70,6 +72,32 @@ def describe_site(fn: Callable[..., Any], name: str | None) -> str:
     return getattr(fn, "__qualname__", method)
 
 
+_PLAIN_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+def register_dataclasses(tree: Any) -> None:
+    """Teach pytree the dataclass types inside `tree` (a target's output records), field by field."""
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        cls = type(tree)
+        if cls not in pytree.SUPPORTED_NODES:
+            names = [f.name for f in dataclasses.fields(cls)]
+            pytree.register_pytree_node(
+                cls,
+                lambda obj, names=names: ([getattr(obj, n) for n in names], names),
+                lambda values, names, cls=cls: cls(**dict(zip(names, values))),
+                serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+            )
+        children = [getattr(tree, f.name) for f in dataclasses.fields(tree)]
+    elif isinstance(tree, dict):
+        children = list(tree.values())
+    elif isinstance(tree, (list, tuple)):
+        children = list(tree)
+    else:
+        return
+    for child in children:
+        register_dataclasses(child)
+
+
 class OutputLayout:
     """Split a recorded function's result into its tensor leaves and put them back after a replay.
 
@@ -78,7 +106,16 @@ class OutputLayout:
     """
 
     def __init__(self, result: Any) -> None:
+        register_dataclasses(result)
         leaves, self.spec = pytree.tree_flatten(result)
+        baked = [type(leaf).__name__ for leaf in leaves if not isinstance(leaf, (torch.Tensor, *_PLAIN_LEAVES))]
+        if baked:
+            # An opaque object would come back from every replay as the capture-time object,
+            # holding the dummy inputs' tensors: refuse rather than replay stale values silently.
+            raise TypeError(
+                f"a recorded function returned objects the graph cannot rebuild: {sorted(set(baked))}; "
+                "return tensors in tuples, lists, dicts, NamedTuples or dataclasses"
+            )
         self.template = leaves
         self.tensor_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
 

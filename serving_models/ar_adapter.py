@@ -188,11 +188,14 @@ class ServingARAdapter:
     def _positions(batch: int, length: int, device: torch.device) -> torch.Tensor:
         return torch.arange(length, device=device).expand(batch, length)
 
-    @torch.no_grad()
+    # embed / forward / forward_multimodal carry no `torch.no_grad()` decorator: the weights have
+    # requires_grad=False, so no autograd graph is built anyway, and a decorator would make every
+    # method one shared wrapper code object to torch.compile, whose cache entries then all count
+    # against a single recompile limit.
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.module.get_input_embeddings(input_ids)
 
-    @torch.no_grad()
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -206,7 +209,6 @@ class ServingARAdapter:
         )
         return AROutput(self.module.compute_logits(hidden), layer_outputs)
 
-    @torch.no_grad()
     def forward_multimodal(self, inputs_embeds: torch.Tensor, input_ids: torch.Tensor) -> AROutput:
         positions = self._positions(input_ids.shape[0], input_ids.shape[1], input_ids.device)
         logits, layer_outputs = self._layer_outputs.run(

@@ -6,6 +6,8 @@ replay does and eager does not (a baked branch, no Python during replay, a stale
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from tests.runners_toys import (
@@ -233,3 +235,31 @@ def test_outputs_are_copies_not_the_graph_buffers():
     prepared(torch.tensor([1]), torch.full((1, WIDTH), 5.0))
     assert module.cache[1].eq(5.0).all()  # the replay did write the state...
     torch.testing.assert_close(kept, snapshot, rtol=0, atol=0)  # ...but not into the returned copy
+
+
+@dataclasses.dataclass
+class _Pair:
+    doubled: torch.Tensor
+    layers: tuple[torch.Tensor, ...]
+
+
+class _Opaque:
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+
+def test_dataclass_outputs_replay_fresh_values_not_the_capture_time_ones() -> None:
+    # A dataclass the pytree does not know would be one opaque leaf: every replay would hand back
+    # the object built at capture, holding the dummy inputs' results.
+    def fn(x: torch.Tensor) -> _Pair:
+        return _Pair(x * 2, (x + 1, x + 2))
+
+    prepared = make_runner("cpu_graph", device="cpu").prepare(fn, (torch.zeros(3),))
+    result = prepared(torch.tensor([1.0, 2.0, 3.0])).output
+    assert isinstance(result, _Pair)
+    assert result.doubled.tolist() == [2.0, 4.0, 6.0] and result.layers[1].tolist() == [3.0, 4.0, 5.0]
+
+
+def test_an_opaque_output_object_is_refused_rather_than_replayed_stale() -> None:
+    with pytest.raises(Exception, match="cannot rebuild: \\['_Opaque'\\]"):
+        make_runner("cpu_graph", device="cpu").prepare(lambda x: _Opaque(x * 2), (torch.zeros(3),))

@@ -1,0 +1,236 @@
+"""Shared pieces of the AR suites: the case tables, token resolution, the model pair, observation.
+
+The expert a token actually got is observed, never asked: forward hooks (the runners' taps) on
+each MoE layer's post-attention norm give the MoE input `x` and the residual `h`, the layer's
+output minus `h` is the MoE output, and the harness recomputes both experts on `x` itself. The
+output matches one expert's and not the other's, in every execution mode, replays included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+import torch
+
+from parity.cases import Table, load_case_file
+from parity.compare import Tolerance, Verdict, allclose_rule, noise_floor_rule
+from reference_models.ar_adapter import ReferenceARAdapter
+from reference_models.ar_config import ar_config, token_layout
+from reference_models.checkpoints import make_checkpoint, random_state_dict
+
+Token = int | str
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    name: str
+    rows: list[list[Token]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClampCase:
+    name: str
+    token: Token
+    expect: Literal["base:0", "base:last", "gen:0", "gen:last"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClampCompile:
+    lengths: list[int]
+    expected_compiles: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeCase:
+    name: str
+    prompt: list[list[Token]]
+    steps: int
+    require_crossing: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+    tie_spacings: float
+    reason: str
+
+
+CASES = load_case_file(
+    "ar.toml",
+    {
+        "tolerances": Table(Tolerance, keyed=True),
+        "prompts": Table(Prompt),
+        "clamp": Table(ClampCase),
+        "clamp_compile": Table(ClampCompile, many=False),
+        "decode": Table(DecodeCase),
+        "decode_settings": Table(DecodeSettings, many=False),
+    },
+)
+TOL: dict[str, Tolerance] = CASES["tolerances"]
+PROMPTS: list[Prompt] = CASES["prompts"]
+
+
+def ids_of(items: Sequence[Any]) -> list[str]:
+    return [item.name for item in items]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokens
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_token(token: Token, config: Any, size: str) -> int:
+    """The id a case token stands for in this configuration (see the header of cases/ar.toml)."""
+    if isinstance(token, int):
+        return token
+    start, gen = config.gen_vocab_start_index, config.gen_vocab_size
+    fixed = {"start-1": start - 1, "start": start, "start+gen-1": start + gen - 1, "start+gen": start + gen, "huge": 2**40}
+    if token in fixed:
+        return fixed[token]
+    kind, _, number = token.partition(":")
+    if kind == "g" and number.isdigit() and int(number) < gen:
+        return start + int(number)
+    layout = token_layout(size)
+    if kind == "visual" and number.isdigit() and layout.visual_start is not None:
+        return layout.visual_start + int(number)
+    named = getattr(layout, token, None) if token in ("eol", "eof", "image_start", "image_end") else None
+    if named is not None:
+        return named
+    raise ValueError(f"cases/ar.toml: token {token!r} has no id in the {size} configuration")
+
+
+def token_tensor(rows: Sequence[Sequence[Token]], config: Any, size: str, device: torch.device) -> torch.Tensor:
+    lengths = {len(row) for row in rows}
+    if len(lengths) != 1:
+        raise ValueError(f"cases/ar.toml: batch rows must have equal lengths, got {sorted(lengths)}")
+    return torch.tensor([[resolve_token(t, config, size) for t in row] for row in rows], dtype=torch.long, device=device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ARModels:
+    """The target under test, the reference in the same dtype and, off fp32, the fp64 golden."""
+
+    target: Any
+    reference: ReferenceARAdapter
+    golden: ReferenceARAdapter | None
+    config: Any
+    size: str
+    device: torch.device
+    dtype: torch.dtype
+    checkpoint_dir: Path | None
+    seed: int
+
+    @property
+    def start(self) -> int:
+        return self.config.gen_vocab_start_index
+
+    def ids(self, rows: Sequence[Sequence[Token]]) -> torch.Tensor:
+        return token_tensor(rows, self.config, self.size, self.device)
+
+
+@pytest.fixture(scope="session")
+def ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
+    if not hasattr(target, "load_ar"):
+        pytest.skip(f"target {target.name!r} has no AR backbone (no load_ar)")
+    device, dtype = torch.device(settings.device), settings.torch_dtype
+    config = ar_config(settings.size)
+    seed = settings.seed
+    if settings.size == "tiny":
+        checkpoint = make_checkpoint("ar", "tiny", seed, tmp_path_factory.mktemp("ar-checkpoint"))
+        model = target.load_ar(checkpoint, device, dtype)
+        reference = ReferenceARAdapter.load(checkpoint, device, dtype)
+        golden = ReferenceARAdapter.load(checkpoint, device, torch.float64) if dtype != torch.float32 else None
+    else:  # full size: weights drawn on the device, never written to disk
+        checkpoint = None
+        state = random_state_dict(config, seed, device, dtype)
+        model = target.build_ar(config, state, device, dtype)
+        reference = ReferenceARAdapter.build(config, state, device, dtype)
+        del state
+        golden = ReferenceARAdapter.build(config, random_state_dict(config, seed, device, torch.float64), device, torch.float64)
+    return ARModels(model, reference, golden, config, settings.size, device, dtype, checkpoint, seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Judging a tensor: plain tolerance in fp32, the fp64-golden noise floor otherwise
+# ---------------------------------------------------------------------------------------------
+
+
+def judge(
+    models: ARModels,
+    candidate: torch.Tensor,
+    reference: torch.Tensor,
+    golden: torch.Tensor | None,
+    fp32_tol: Tolerance,
+    *,
+    name: str,
+) -> Verdict:
+    """fp32: allclose at `fp32_tol`. Lower precision: the noise-floor rule against the fp64 golden."""
+    if models.golden is None or golden is None:
+        return allclose_rule(reference, candidate, fp32_tol, name=name)
+    verdict, _ = noise_floor_rule(golden, reference, candidate, TOL["noise_floor_bf16"], name=name)
+    return verdict
+
+
+# ---------------------------------------------------------------------------------------------
+# Observing which expert a token got
+# ---------------------------------------------------------------------------------------------
+
+
+def moe_taps(adapter: Any) -> dict[str, torch.nn.Module]:
+    """Taps that let the harness recover each MoE layer's input, residual and output."""
+    taps: dict[str, torch.nn.Module] = {}
+    for site in adapter.moe_sites():
+        taps[f"pre_norm.{site.layer}"] = site.pre_norm
+        taps[f"layer.{site.layer}"] = site.layer_module
+    return taps
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertUse:
+    """Per token of one MoE layer: which expert's output the layer used, and how clearly."""
+
+    layer: int
+    used_gen: torch.Tensor  # bool [B, L]
+    matched: torch.Tensor  # bool [B, L]: the output equals the chosen expert's within tolerance
+    distance_und: torch.Tensor  # max |moe_out - und(x)| per token
+    distance_gen: torch.Tensor
+
+
+@torch.no_grad()
+def observe_expert_use(adapter: Any, taps: dict[str, list[Any]], tol: Tolerance) -> list[ExpertUse]:
+    uses = []
+    for site in adapter.moe_sites():
+        (norm_call,) = taps[f"pre_norm.{site.layer}"]
+        (layer_call,) = taps[f"layer.{site.layer}"]
+        x, residual, out = norm_call.output, norm_call.input, layer_call.output
+        moe_out = (out - residual).double()
+        und = site.und(x).double()
+        gen = site.gen(x).double() if site.gen is not None else torch.full_like(und, float("inf"))
+        d_und = (moe_out - und).abs().amax(-1)
+        d_gen = (moe_out - gen).abs().amax(-1)
+        used_gen = d_gen < d_und
+        bound = tol.atol + tol.rtol * moe_out.abs().amax(-1)
+        matched = torch.minimum(d_und, d_gen) <= bound
+        uses.append(ExpertUse(site.layer, used_gen.cpu(), matched.cpu(), d_und.cpu(), d_gen.cpu()))
+    return uses
+
+
+def routing_mismatches(use: ExpertUse, ids: torch.Tensor, start: int) -> list[str]:
+    """Tokens whose observed expert differs from the reference routing (`id >= start`)."""
+    expected = (ids >= start).cpu()
+    bad = (use.used_gen != expected) | ~use.matched
+    out = []
+    for b, pos in bad.nonzero().tolist():
+        got = "neither" if not use.matched[b, pos] else ("gen" if use.used_gen[b, pos] else "und")
+        want = "gen" if expected[b, pos] else "und"
+        out.append(f"row {b} pos {pos} id {int(ids[b, pos])}: {got} (want {want})")
+    return out
