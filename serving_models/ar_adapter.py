@@ -50,7 +50,7 @@ from torch import nn
 
 from serving_models import ar_runner, ar_weights, capture
 from serving_models.ar_config import MammothModa2ARConfig
-from serving_models.mammothmoda2_ar import MammothModa2ForConditionalGeneration, StaticKVCache
+from serving_models.mammothmoda2_ar import AR_WRAPPERS, MammothModa2ForConditionalGeneration, StaticKVCache
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,12 @@ class ServingARAdapter:
             for i, layer in enumerate(self._layers)
             if layer.gen_mlp is not None
         ]
+
+    @staticmethod
+    def ar_wrapper_classes() -> list[type[nn.Module]]:
+        """Every AR wrapper a runner may hold (Qwen2.5 and Qwen3 backbones): each must declare
+        `requires_raw_input_tokens`, or the multimodal path drops the ids (vllm-omni#9851)."""
+        return list(AR_WRAPPERS.values())
 
     def embedding_modules(self) -> tuple[nn.Module, nn.Module | None]:
         return self._lm.model.embed_tokens, self._lm.model.gen_embed_tokens
