@@ -194,7 +194,14 @@ def cmd_review(args: argparse.Namespace) -> int:
 
     try:
         run_dir = args.run_dir or latest_run_dir(env.PROJECT_ROOT / "reports" / "runs")
-        review = load_review(run_dir, baseline=args.baseline, use_default_baseline=not args.no_baseline, margin=args.margin)
+        try:
+            review = load_review(run_dir, baseline=args.baseline, use_default_baseline=not args.no_baseline, margin=args.margin)
+        except BaselineError as exc:
+            if args.write_baseline is None:
+                raise
+            # Regenerating for a new configuration: there is nothing valid to compare with yet.
+            print(f"parity review: not compared with the old baseline: {exc}")
+            review = load_review(run_dir, use_default_baseline=False)
     except (FileNotFoundError, ReportError, BaselineError, ValueError) as exc:
         print(f"parity review: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE

@@ -58,6 +58,14 @@ def failing_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return failing_first(gates)
 
 
+def failing_suites_first(summary: pd.DataFrame) -> pd.DataFrame:
+    """Summary rows ordered: suites with errors, then failures, then tie flips, then by name."""
+    if summary.empty:
+        return summary
+    order = summary[["error", "fail", "tie_flip"]].mul(-1).assign(suite=summary["suite"])
+    return summary.loc[order.sort_values(["error", "fail", "tie_flip", "suite"], kind="stable").index]
+
+
 @dataclasses.dataclass
 class Review:
     """A run's rows, its summary, its environment and (when one applies) the baseline comparison."""
@@ -137,8 +145,7 @@ def format_review(review: Review, *, show_all: bool = False, limit: int = 20) ->
     lines = [f"{review.title} ({config}; git {review.info.get('git_sha', '?')}; torch {review.info.get('torch', '?')})", ""]
     lines += [format_summary(review.summary), ""]
     summary = review.summary
-    if not summary.empty:
-        summary = summary.assign(_bad=-(summary["fail"] + summary["error"])).sort_values(["_bad", "suite"], kind="stable")
+    summary = failing_suites_first(summary)
     for _, suite_row in summary.iterrows():
         suite = suite_row["suite"]
         rows = frame[(frame["suite"] == suite) & (frame["kind"] != "info")]

@@ -26,7 +26,7 @@ import pandas as pd
 from parity.baseline import Comparison, row_location
 from parity.compare import ERROR, FAIL, PASS, TIE_FLIP
 from parity.report import RESULTS_FILE, RUN_INFO_FILE, summarize
-from parity.review import Review, failing_first, failing_rows, used_share
+from parity.review import Review, failing_first, failing_suites_first, used_share
 from parity.review_plots import DIT_BLOCKS, AR_LAYERS, OTHER_SITES, divergence_plot, image_diff_plot, load_png, site_family, site_order
 
 PAGE_FILE = "index.html"
@@ -186,8 +186,7 @@ def summary_section(review: Review) -> str:
     summary = summarize(review.frame)
     if summary.empty:
         return section("summary", "Summary", note("no report rows in this run"))
-    summary = summary.assign(_bad=-(summary["fail"] + summary["error"]), _flip=-summary["tie_flip"])
-    summary = summary.sort_values(["_bad", "_flip", "suite"], kind="stable")
+    summary = failing_suites_first(summary)
 
     def suite_class(row: pd.Series) -> str:
         return "error" if row["error"] else ("fail" if row["fail"] else ("tie_flip" if row["tie_flip"] else "pass"))

@@ -12,12 +12,16 @@ Everything below `SYNTHETIC ADDITIONS` is test data, not a measurement.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import pytest
 
 from parity.images import psnr, ssim, write_png
-from parity.report import CONTEXT_COLUMNS, ReportWriter, read_results
+from parity.report import CONTEXT_COLUMNS, RESULTS_FILE, ReportWriter, read_results
 from tests.helpers import run_parity
 
 SYNTHETIC = True  # False once the model suites write these rows themselves (a full tiny run)
@@ -132,3 +136,32 @@ def add_synthetic_suite_rows(run_dir: Path) -> None:
         rows.append(dict(suite="sensitivity", case=mutant, mode=suite, metric="killed", value=1, threshold=1, verdict="pass",
                          better="equal", detail=f"{suite} failed (SYNTHETIC)"))
     writer.write_many(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures and copies (the tests change copies, never the session's run)
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _tiny_run_under(basetemp: Path) -> TinyRun:
+    # Cached here, not by pytest: each test module that imports the fixture gets its own fixture
+    # definition, and the run should still happen once per session (per xdist worker).
+    return make_tiny_run(basetemp / "review-run")
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
+    """One tiny `parity run` per test session (per xdist worker); tests change only copies of it."""
+    return _tiny_run_under(tmp_path_factory.getbasetemp())
+
+
+def copy_run(run_dir: Path, dest: Path) -> Path:
+    shutil.copytree(run_dir, dest)
+    return dest
+
+
+def write_rows(run_dir: Path, frame: pd.DataFrame) -> Path:
+    """Replace a run directory's results.csv with `frame` (same columns)."""
+    frame.to_csv(run_dir / RESULTS_FILE, index=False)
+    return run_dir
