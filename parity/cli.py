@@ -51,6 +51,7 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="run only this report suite (repeatable), e.g. --suite numerics --suite routing",
     )
+    run.add_argument("--seed", type=int, default=0, help="offset added to every case and checkpoint seed (default: 0)")
     run.add_argument("-n", "--numprocesses", default=None, metavar="N", help="pytest-xdist workers (passed to pytest -n)")
     run.add_argument(
         "--benchmarks",
@@ -142,6 +143,8 @@ def pytest_args_for_run(args: argparse.Namespace, run_id: str) -> list[str]:
     argv += ["--run-id", run_id, "--no-parity-summary", "-rfE", "-p", "no:cacheprovider"]
     if args.dtype:
         argv += ["--dtype", args.dtype]
+    if args.seed:
+        argv += ["--seed", str(args.seed)]
     if args.report_dir:
         argv += ["--report-dir", args.report_dir]
     for suite in args.suite:

@@ -41,6 +41,10 @@ MARKERS = {
     "suite(name)": "the report suite a test writes rows for (e.g. numerics, routing)",
 }
 DEFAULT_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
+# Tiny CPU models run faster on one thread than on two contended ones (a tiny forward: ~1.5 ms vs
+# ~200 ms on a shared 2-core box), and a fixed thread count keeps reductions, hence rows, the same
+# between serial and xdist runs. PARITY_CPU_THREADS overrides it.
+CPU_THREADS_ENV = "PARITY_CPU_THREADS"
 DEFAULT_REPORT_DIR = env.PROJECT_ROOT / "reports" / "runs"
 _RUN_DIR = pytest.StashKey[Path]()
 _WRITER = pytest.StashKey[ReportWriter]()
@@ -72,6 +76,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"directory that receives one run directory per run (default {DEFAULT_REPORT_DIR})",
     )
     group.addoption("--run-id", default=None, help="name of this run's directory (default: timestamp + random)")
+    group.addoption(
+        "--seed",
+        type=int,
+        default=0,
+        help="offset added to every case seed and checkpoint seed (default 0): the same suites on other random models",
+    )
     group.addoption("--no-parity-summary", action="store_true", help=argparse.SUPPRESS)  # parity run prints its own
     group.addoption(
         "--suite",
@@ -100,9 +110,10 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     device = config.getoption("--device")
-    if device == "cuda":
-        import torch
+    import torch
 
+    torch.set_num_threads(int(os.environ.get(CPU_THREADS_ENV, "1")))
+    if device == "cuda":
         if not torch.cuda.is_available():
             raise pytest.UsageError("--device cuda: no CUDA device is available on this machine")
     if _is_worker(config):
@@ -111,7 +122,12 @@ def pytest_configure(config: pytest.Config) -> None:
         base = config.getoption("--report-dir") or DEFAULT_REPORT_DIR
         run_dir = make_run_dir(base, config.getoption("--run-id") or new_run_id())
         info = {"run_id": run_dir.name, "args": config.invocation_params.args, **env.describe(device)}
-        info.update(size=config.getoption("--size"), dtype=_dtype_name(config), target=config.getoption("--target"))
+        info.update(
+            size=config.getoption("--size"),
+            dtype=_dtype_name(config),
+            target=config.getoption("--target"),
+            seed=config.getoption("--seed"),
+        )
         write_run_info(run_dir, info)
         if config.pluginmanager.hasplugin("xdist"):
             config.pluginmanager.register(_XdistHooks(config), "parity-xdist")
@@ -350,6 +366,7 @@ class RunSettings:
     dtype: str
     target: str
     run_dir: Path
+    seed: int = 0
 
     @property
     def torch_dtype(self) -> Any:
@@ -366,6 +383,7 @@ def settings(pytestconfig: pytest.Config) -> RunSettings:
         dtype=_dtype_name(pytestconfig),
         target=pytestconfig.getoption("--target"),
         run_dir=pytestconfig.stash[_RUN_DIR],
+        seed=pytestconfig.getoption("--seed"),
     )
 
 
@@ -380,6 +398,16 @@ def device(settings: RunSettings) -> Any:
     import torch
 
     return torch.device(settings.device)
+
+
+@pytest.fixture(autouse=True)
+def fresh_compile_state() -> Iterator[None]:
+    """Every test starts with an empty Dynamo cache: a test that expects "one compile on the first
+    shape" must not pass or fail because of what an earlier test compiled (vllm-omni#7455)."""
+    from parity.compile_watch import reset_compile_state
+
+    reset_compile_state()
+    yield
 
 
 @pytest.fixture(scope="session")

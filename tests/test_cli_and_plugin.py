@@ -20,7 +20,7 @@ def _only_run_dir(report_dir: Path) -> Path:
 def test_run_help_documents_every_option() -> None:
     result = run_parity(["run", "--help"])
     assert result.returncode == 0
-    for option in ("--device", "--size", "--dtype", "--target", "--report-dir", "--run-id", "--suite", "--numprocesses", "--benchmarks"):
+    for option in ("--device", "--size", "--dtype", "--target", "--report-dir", "--run-id", "--suite", "--numprocesses", "--benchmarks", "--seed"):
         assert option in result.stdout
 
 
@@ -98,11 +98,18 @@ def test_cpu_lane_selects_everything_that_needs_no_gpu(lanes: Path) -> None:
     assert "3 passed, 1 deselected" in result.stdout, result.stdout
 
 
+no_cuda = pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="checks the behaviour on a machine without CUDA"
+)
+
+
+@no_cuda
 def test_gpu_tests_skip_with_a_reason_without_cuda(lanes: Path) -> None:
     result = run_pytest([str(lanes), "-m", "gpu", "-rs", "--report-dir", str(lanes / "out")], cwd=lanes)
     assert "1 skipped" in result.stdout and "no CUDA device on this machine" in result.stdout, result.stdout
 
 
+@no_cuda
 def test_device_cuda_without_cuda_is_a_usage_error(lanes: Path) -> None:
     result = run_pytest([str(lanes), "--device", "cuda"], cwd=lanes)
     assert result.returncode == 4 and "--device cuda: no CUDA device" in result.stderr

@@ -1,0 +1,232 @@
+"""Configuration of the MammothModa2 AR backbone, with the upstream field names.
+
+The field names are those of upstream's text config (`Mammothmoda2Qwen2_5_VLTextConfig`: Qwen2
+fields plus `extra_gen_vocab`, `gen_vocab_size`, `gen_vocab_start_index`, `moe_type`), so a
+`config.json` written here reads like upstream's and the other way round. `moe_enable` is
+upstream's per-layer switch (spec 2.4): half-open, 0-based ranges and a substring test on the
+layer type. Named configurations (spec 6): `ar_config("tiny")` for the CPU lane and
+`ar_config("full")` with the Preview widths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MOE_TYPES = ("none", "attention", "ffn", "ffn_attention")
+
+# Keys HF writes into config.json that carry no model structure; accepted and ignored.
+HF_METADATA_KEYS = frozenset({"architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path"})
+
+
+@dataclass(frozen=True)
+class MoERange:
+    """A parsed `moe_type`: expert kind and the half-open layer range `[start, end)`."""
+
+    kind: str
+    start: int
+    end: float  # math.inf when the string carries no range
+
+    def enables(self, layer_type: str, layer_idx: int) -> bool:
+        # Upstream: `layer_type in moe_type` (substring, so "ffn" matches "ffn_attention").
+        return layer_type in self.kind and self.start <= layer_idx < self.end
+
+
+def parse_moe_type(moe_type: str) -> MoERange:
+    """Parse `"ffn-14:28"`, `"ffn"`, `"none"`, ... the way upstream does, with clear errors.
+
+    Upstream splits once on "-" when the string contains ":" and asserts the type; every string
+    upstream would crash on (or silently misread) raises a ValueError naming the string here.
+    """
+    if not isinstance(moe_type, str):
+        raise ValueError(f"moe_type must be a string such as 'ffn-14:28', got {type(moe_type).__name__} {moe_type!r}")
+    expected = f"one of {', '.join(MOE_TYPES)}, optionally followed by '-START:END' (half-open, 0-based)"
+    if ":" in moe_type:
+        parts = moe_type.split("-")
+        if len(parts) != 2:
+            raise ValueError(f"moe_type {moe_type!r} is not TYPE-START:END; expected {expected}")
+        kind, layers = parts
+        bounds = layers.split(":")
+        if len(bounds) != 2 or not all(b.isdigit() for b in bounds):
+            raise ValueError(
+                f"moe_type {moe_type!r}: layer range {layers!r} is not START:END with non-negative integers"
+            )
+        start, end = int(bounds[0]), int(bounds[1])
+        if start > end:
+            raise ValueError(
+                f"moe_type {moe_type!r}: range start {start} is after end {end} (the range is [start, end))"
+            )
+    else:
+        kind, start, end = moe_type, 0, math.inf
+    if kind not in MOE_TYPES:
+        raise ValueError(f"moe_type {moe_type!r}: type {kind!r} is not {expected}")
+    return MoERange(kind, start, end)
+
+
+def moe_enable(moe_type: str, layer_type: str, layer_idx: int) -> bool:
+    """Upstream's switch: does `moe_type` give layer `layer_idx` a gen expert of `layer_type`?"""
+    return parse_moe_type(moe_type).enables(layer_type, layer_idx)
+
+
+@dataclass(frozen=True)
+class MammothModa2ARConfig:
+    """The AR backbone's text config (upstream field names, Qwen2.5 style)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    extra_gen_vocab: bool = True
+    gen_vocab_size: int = 32800
+    gen_vocab_start_index: int = 152064
+    moe_type: str = "ffn-14:28"
+    hidden_act: str = "silu"
+    tie_word_embeddings: bool = False
+    model_type: str = "mammothmoda2_qwen2_5_vl"
+
+    def __post_init__(self) -> None:
+        parse_moe_type(self.moe_type)
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.extra_gen_vocab and self.vocab_size != self.gen_vocab_start_index:
+            # Spec 2.1: the gen ids start right after the text table.
+            raise ValueError(
+                f"vocab_size {self.vocab_size} must equal gen_vocab_start_index {self.gen_vocab_start_index} "
+                "when extra_gen_vocab is true"
+            )
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (the AR experts are SwiGLU: 'silu')")
+        if self.tie_word_embeddings:
+            raise ValueError("tie_word_embeddings must be false: lm_head and gen_head are untied (spec 2.7)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def logits_width(self) -> int:
+        """`vocab_size + gen_vocab_size`; column `vocab_size + j` is token `start + j` (spec 2.7)."""
+        return self.vocab_size + (self.gen_vocab_size if self.extra_gen_vocab else 0)
+
+    def moe_enabled(self, layer_type: str, layer_idx: int) -> bool:
+        return moe_enable(self.moe_type, layer_type, layer_idx)
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Layers that carry a gen FFN expert (`gen_mlp`)."""
+        return tuple(i for i in range(self.num_hidden_layers) if self.moe_enabled("ffn", i))
+
+    def replace(self, **changes: Any) -> MammothModa2ARConfig:
+        return dataclasses.replace(self, **changes)
+
+    # ---- config.json ----
+    def to_dict(self) -> dict[str, Any]:
+        return {"architectures": ["MammothModa2ARForCausalLM"], **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> MammothModa2ARConfig:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields - HF_METADATA_KEYS)
+        if unknown:
+            raise ValueError(f"{source}: unknown AR config keys {unknown}; known keys: {sorted(fields)}")
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise ValueError(f"{source}: missing AR config keys {missing}")
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / "config.json"
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> MammothModa2ARConfig:
+        path = Path(directory) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{directory}: no config.json (an HF-style checkpoint directory needs one)")
+        return cls.from_dict(json.loads(path.read_text()), source=str(path))
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Special gen-vocabulary ids of a configuration (spec 2.1, 6.1); None where unconfirmed."""
+
+    eol: int
+    eof: int
+    image_start: int | None
+    image_end: int | None
+    visual_start: int | None
+    visual_end: int | None  # inclusive
+
+
+_CONFIGS: dict[str, MammothModa2ARConfig] = {
+    # Spec 6.1: the CPU lane.
+    "tiny": MammothModa2ARConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        gen_vocab_size=64,
+        gen_vocab_start_index=256,
+        moe_type="ffn-2:4",
+    ),
+    # Spec 6.2, Preview (Qwen2.5-VL-7B widths).
+    "full": MammothModa2ARConfig(
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        gen_vocab_size=32800,
+        gen_vocab_start_index=152064,
+        moe_type="ffn-14:28",
+    ),
+}
+
+_LAYOUTS: dict[str, TokenLayout] = {
+    "tiny": TokenLayout(eol=256, eof=257, image_start=262, image_end=263, visual_start=264, visual_end=319),
+    # Offsets 0 and 1 are confirmed; image end 152071 is vllm-omni's hard-coded value; the rest unconfirmed.
+    "full": TokenLayout(eol=152064, eof=152065, image_start=None, image_end=152071, visual_start=None, visual_end=None),
+}
+
+
+def ar_config(size: str) -> MammothModa2ARConfig:
+    """The named AR configuration `size` ("tiny" or "full")."""
+    try:
+        return _CONFIGS[size]
+    except KeyError:
+        raise ValueError(f"unknown AR size {size!r}; known sizes: {sorted(_CONFIGS)}") from None
+
+
+def token_layout(size: str) -> TokenLayout:
+    """The special-token ids of the named configuration `size`."""
+    try:
+        return _LAYOUTS[size]
+    except KeyError:
+        raise ValueError(f"unknown AR size {size!r}; known sizes: {sorted(_LAYOUTS)}") from None
+
+
+AR_SIZES = tuple(_CONFIGS)

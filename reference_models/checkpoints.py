@@ -1,0 +1,116 @@
+"""Random checkpoints with upstream tensor names, for parity runs without released weights.
+
+`make_checkpoint(kind, size, seed, out_dir)` writes an HF-style directory through the maker
+registered for `kind` in `MAKERS` ("ar" here, "dit" from `dit_checkpoint`; other model families add their
+own entry). `random_state_dict(config, seed, device, dtype)` is the in-memory path for full-size
+GPU configurations that should never touch disk.
+
+Init (spec 6.1): seeded normal(0, 0.02) for matrices and embeddings, zero biases, ones for norm
+weights. Every tensor draws from its own generator seeded by (seed, tensor name), so a tensor's
+values do not depend on which other tensors exist or their order, and fp32 / bf16 / fp64 copies
+of one seed are roundings of the same fp32 draw.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from reference_models import hf_checkpoint
+from reference_models.ar_config import MammothModa2ARConfig, ar_config
+from reference_models.mammothmoda2_ar import MammothModa2ForCausalLM, Qwen2RMSNorm
+from reference_models.dit_checkpoint import make_dit_checkpoint
+
+INIT_STD = 0.02
+
+Maker = Callable[..., Path]
+MAKERS: dict[str, Maker] = {}
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    """A per-tensor seed: stable across runs, processes and Python versions (crc32, not hash())."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+
+
+def init_tensor(
+    name: str, shape: tuple[int, ...], kind: str, seed: int, device: torch.device | str, dtype: torch.dtype
+) -> torch.Tensor:
+    """One tensor under the spec-6.1 rule; `kind` is "normal", "zeros" or "ones"."""
+    if kind == "zeros":
+        return torch.zeros(shape, device=device, dtype=dtype)
+    if kind == "ones":
+        return torch.ones(shape, device=device, dtype=dtype)
+    generator = torch.Generator(device=device).manual_seed(tensor_seed(seed, name))
+    draw = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+    return draw.mul_(INIT_STD).to(dtype)
+
+
+def init_kinds(model: nn.Module, norm_types: tuple[type[nn.Module], ...]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Name -> (shape, init kind) for every parameter of `model` (which may live on the meta device)."""
+    kinds: dict[str, tuple[tuple[int, ...], str]] = {}
+    for module_name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            name = f"{module_name}.{param_name}" if module_name else param_name
+            if isinstance(module, norm_types):
+                kind = "ones"
+            elif param_name == "bias":
+                kind = "zeros"
+            else:
+                kind = "normal"
+            kinds[name] = (tuple(param.shape), kind)
+    return kinds
+
+
+def random_state_dict(
+    config: MammothModa2ARConfig,
+    seed: int,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
+    """A seeded random AR state dict with upstream names, built directly on `device` in `dtype`.
+
+    Reproducible bit for bit for one (seed, device type); CPU and CUDA generators differ.
+    """
+    with torch.device("meta"):
+        skeleton = MammothModa2ForCausalLM(config)
+    return {
+        name: init_tensor(name, shape, kind, seed, device, dtype)
+        for name, (shape, kind) in init_kinds(skeleton, (Qwen2RMSNorm,)).items()
+    }
+
+
+def make_ar_checkpoint(
+    size: str,
+    seed: int,
+    out_dir: str | Path,
+    *,
+    max_shard_bytes: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """Write the named AR configuration with random weights to `out_dir` (config.json + safetensors)."""
+    config = ar_config(size)
+    out_dir = Path(out_dir)
+    state_dict = random_state_dict(config, seed, "cpu", dtype)
+    hf_checkpoint.save_state_dict(out_dir, state_dict, max_shard_bytes=max_shard_bytes)
+    config.save(out_dir)
+    return out_dir
+
+
+MAKERS["ar"] = make_ar_checkpoint
+MAKERS["dit"] = make_dit_checkpoint
+
+
+def make_checkpoint(kind: str, size: str, seed: int, out_dir: str | Path, **options) -> Path:
+    """Write a random checkpoint of model family `kind` ("ar" or "dit") and `size` to `out_dir`.
+
+    `options` go to the maker (e.g. `max_shard_bytes` for a sharded directory).
+    """
+    try:
+        maker = MAKERS[kind]
+    except KeyError:
+        raise ValueError(f"unknown checkpoint kind {kind!r}; registered makers: {sorted(MAKERS)}") from None
+    return maker(size, seed, out_dir, **options)

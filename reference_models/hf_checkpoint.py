@@ -1,0 +1,136 @@
+"""HF-style checkpoint directories: `config.json` + `model.safetensors` or shards with an index.
+
+One job: move named tensors between a directory and memory, and say precisely what is wrong
+when a state dict does not fit a model (every missing, unexpected and wrong-shaped tensor in one
+error). The layout is the one `transformers` writes: shards `model-0000i-of-0000n.safetensors`
+and `model.safetensors.index.json` = `{"metadata": {"total_size": bytes}, "weight_map": {name:
+file}}`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointMismatchError(ValueError):
+    """A state dict that does not fit the model; names every offending tensor at once."""
+
+    def __init__(
+        self,
+        source: str,
+        missing: list[str],
+        unexpected: list[str],
+        wrong_shape: list[tuple[str, tuple[int, ...], tuple[int, ...]]],
+    ) -> None:
+        self.source = source
+        self.missing = missing
+        self.unexpected = unexpected
+        self.wrong_shape = wrong_shape
+        lines = [f"{source}: checkpoint does not match the model"]
+        if missing:
+            lines.append(f"  missing {len(missing)} tensor(s): " + ", ".join(missing))
+        if unexpected:
+            lines.append(f"  unexpected {len(unexpected)} tensor(s): " + ", ".join(unexpected))
+        for name, expected, got in wrong_shape:
+            lines.append(f"  wrong shape: {name}: expected {list(expected)}, got {list(got)}")
+        super().__init__("\n".join(lines))
+
+
+def check_state_dict(
+    expected_shapes: Mapping[str, tuple[int, ...]], state_dict: Mapping[str, torch.Tensor], source: str
+) -> None:
+    """Raise CheckpointMismatchError listing every difference between names/shapes and `state_dict`."""
+    missing = [name for name in expected_shapes if name not in state_dict]
+    unexpected = [name for name in state_dict if name not in expected_shapes]
+    wrong_shape = [
+        (name, tuple(shape), tuple(state_dict[name].shape))
+        for name, shape in expected_shapes.items()
+        if name in state_dict and tuple(state_dict[name].shape) != tuple(shape)
+    ]
+    if missing or unexpected or wrong_shape:
+        raise CheckpointMismatchError(source, missing, unexpected, wrong_shape)
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def save_state_dict(
+    directory: str | Path, state_dict: Mapping[str, torch.Tensor], *, max_shard_bytes: int | None = None
+) -> Path:
+    """Write `state_dict` as `model.safetensors`, or as shards of at most `max_shard_bytes` plus an index.
+
+    A tensor larger than `max_shard_bytes` gets a shard of its own. Returns the directory.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
+    if max_shard_bytes is None:
+        save_file(tensors, str(directory / SINGLE_FILE), metadata={"format": "pt"})
+        return directory
+    if max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = _tensor_bytes(t)
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards, start=1):
+        filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(directory / filename), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, filename))
+    index = {"metadata": {"total_size": sum(_tensor_bytes(t) for t in tensors.values())}, "weight_map": weight_map}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return directory
+
+
+def load_state_dict(
+    directory: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """Read every tensor of an HF-style directory (single file or sharded), cast to `dtype` if given."""
+    directory = Path(directory)
+    index_path = directory / INDEX_FILE
+    if index_path.is_file():
+        weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+    elif (directory / SINGLE_FILE).is_file():
+        weight_map, files = {}, [SINGLE_FILE]
+    else:
+        raise FileNotFoundError(f"{directory}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+
+    state_dict: dict[str, torch.Tensor] = {}
+    listed_elsewhere = []
+    for filename in files:
+        path = directory / filename
+        if not path.is_file():
+            raise FileNotFoundError(f"{index_path}: shard {filename} listed in the weight map does not exist")
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if weight_map and weight_map.get(name) != filename:
+                    listed_elsewhere.append(f"{name} (in {filename}, index says {weight_map.get(name)})")
+                    continue
+                t = f.get_tensor(name)
+                state_dict[name] = t if dtype is None else t.to(dtype)
+    unlisted = [name for name in weight_map if name not in state_dict]
+    if listed_elsewhere or unlisted:
+        raise ValueError(
+            f"{index_path}: index and shards disagree; tensors in a shard the index does not assign them to: "
+            f"{listed_elsewhere}; tensors the index lists but no shard holds: {unlisted}"
+        )
+    return state_dict

@@ -1,0 +1,40 @@
+"""The built-in target: the serving-style implementations, behind the adapters the suites call.
+
+`make_target()` is what `--target serving` resolves to (see `parity.target`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from serving_models import capture, dit_adapter, routing_adapter
+from serving_models.ar_adapter import ServingARAdapter
+
+
+class ServingTarget:
+    """Serving AR backbone, serving DiT, serving router; owns the capture-probe registry."""
+
+    name = "serving"
+    capture = capture
+
+    def load_ar(self, checkpoint_dir: str | Path, device: torch.device | str, dtype: torch.dtype) -> ServingARAdapter:
+        return ServingARAdapter.load(checkpoint_dir, device, dtype)
+
+    def build_ar(self, config: object, state_dict: Mapping[str, torch.Tensor], device, dtype) -> ServingARAdapter:
+        return ServingARAdapter.build(config, state_dict, device, dtype)
+
+    def load_dit(self, checkpoint_dir: str | Path, device: torch.device | str, dtype: torch.dtype):
+        return dit_adapter.load(checkpoint_dir, device, dtype)
+
+    def build_dit(self, config: object, state_dict: Mapping[str, torch.Tensor], device, dtype):
+        return dit_adapter.build(config, state_dict, device, dtype)
+
+    def router(self) -> routing_adapter.ServingRouter:
+        return routing_adapter.make_router()
+
+
+def make_target() -> ServingTarget:
+    return ServingTarget()

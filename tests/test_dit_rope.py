@@ -1,0 +1,117 @@
+"""3-axis interleaved RoPE: position ids, the pair rotation by hand, table vs direct equality."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from tests.dit_support import latents, tiny_pair, tiny_state
+from reference_models.dit_config import tiny_config
+from reference_models.dit_model import RotaryPosEmbed, apply_rotary_interleaved
+from serving_models.dit_adapter import ServingDiT
+from serving_models.dit_config import DiTConfig as ServingDiTConfig
+from serving_models.dit_model import RotaryEmbedding3D, image_position_ids, rotate_interleaved, text_position_ids
+
+
+def test_reference_position_ids_text_diagonal_then_image_grid():
+    ids = RotaryPosEmbed.position_ids([3, 0], (2, 3), torch.device("cpu"))
+    assert ids.shape == (2, 3 + 6, 3)
+    assert ids[0, :3].tolist() == [[0, 0, 0], [1, 1, 1], [2, 2, 2]]
+    grid = [[r, c] for r in range(2) for c in range(3)]
+    assert ids[0, 3:].tolist() == [[3, r, c] for r, c in grid]
+    # No text: image tokens start the sequence with t = cap_len = 0; the tail is padding.
+    assert ids[1, :6].tolist() == [[0, r, c] for r, c in grid]
+    assert ids[1, 6:].tolist() == [[0, 0, 0]] * 3
+
+
+def test_serving_position_ids_use_the_device_side_caption_length():
+    mask = torch.tensor([[True, True, False, False]])  # left-packed, cap_len 2, 2 padding slots
+    assert text_position_ids(mask)[0].tolist() == [[i, i, i] for i in range(4)]
+    img = image_position_ids(mask, 2, 3)[0].tolist()
+    assert img == [[2, r, c] for r in range(2) for c in range(3)]
+    assert image_position_ids(mask[:, :0], 1, 2)[0].tolist() == [[0, 0, 0], [0, 0, 1]]
+
+
+def _hand_rotation(x: list[float], pos: tuple[int, int, int], axes: tuple[int, ...], theta: float) -> list[float]:
+    """Interleaved pairs (2j, 2j+1); pair j belongs to axis a with local index i, angle
+    pos[a] * theta^(-2i/axes[a]); axes are concatenated t|h|w along head_dim."""
+    out = []
+    for axis, dim in enumerate(axes):
+        offset = sum(axes[:axis])
+        for i in range(dim // 2):
+            a = pos[axis] * theta ** (-2 * i / dim)
+            x1, x2 = x[offset + 2 * i], x[offset + 2 * i + 1]
+            out += [x1 * math.cos(a) - x2 * math.sin(a), x1 * math.sin(a) + x2 * math.cos(a)]
+    return out
+
+
+def _rotate_half_wrong(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The Qwen-style rotate-half pairing (i with i + d/2): the classic porting mistake."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    c = torch.cat([cos[..., 0::2], cos[..., 0::2]], dim=-1)[:, :, None]
+    s = torch.cat([sin[..., 0::2], sin[..., 0::2]], dim=-1)[:, :, None]
+    return x * c + rotated * s
+
+
+@pytest.mark.parametrize("impl", ["reference", "serving"])
+def test_interleaved_rotation_equals_hand_computation(impl):
+    config = tiny_config()
+    x = torch.arange(1.0, 25.0, dtype=torch.float64).reshape(1, 1, 1, 24) / 10
+    pos = (3, 5, 7)
+    ids = torch.tensor([[pos]])
+    if impl == "reference":
+        cos, sin = RotaryPosEmbed(config)(ids, torch.float64)
+        got = apply_rotary_interleaved(x, cos, sin)
+    else:
+        cos, sin = RotaryEmbedding3D(ServingDiTConfig.coerce(config))(ids, torch.float64)
+        got = rotate_interleaved(x, cos, sin)
+    expected = _hand_rotation(x.flatten().tolist(), pos, config.axes_dim_rope, config.rope_theta)
+    # fp64 against Python floats: only the last bits of cos/sin differ.
+    torch.testing.assert_close(got.flatten(), torch.tensor(expected, dtype=torch.float64), atol=1e-12, rtol=1e-12)
+    # Pair 0 by hand: (x0, x1) = (0.1, 0.2) rotated by angle t = 3.
+    assert got.flatten()[0].item() == pytest.approx(0.1 * math.cos(3) - 0.2 * math.sin(3), abs=1e-14)
+    # The rotate-half pairing gives a different answer: the check can fail.
+    wrong = _rotate_half_wrong(x, cos, sin).flatten()
+    assert (wrong - torch.tensor(expected, dtype=torch.float64)).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reference_tables_and_serving_direct_angles_agree_bitwise(dtype):
+    """Upstream gathers from fp64-built tables cast to fp32; serving computes the same fp64
+    products pos·inv_freq directly, so the values must be identical, not merely close."""
+    config = tiny_config()
+    ids = RotaryPosEmbed.position_ids([5, 77], (16, 32), torch.device("cpu"))
+    ref = RotaryPosEmbed(config)(ids, dtype)
+    srv = RotaryEmbedding3D(ServingDiTConfig.coerce(config))(ids, dtype)
+    assert torch.equal(ref[0], srv[0]) and torch.equal(ref[1], srv[1])
+
+
+def test_reference_rejects_positions_outside_axes_lens():
+    config = dataclasses.replace(tiny_config(), axes_lens=(8, 128, 128))
+    ids = RotaryPosEmbed.position_ids([8], (2, 2), torch.device("cpu"))
+    with pytest.raises(ValueError, match="RoPE position 8 on axis t is outside axes_lens\\[0\\] = 8"):
+        RotaryPosEmbed(config)(ids, torch.float32)
+
+
+def test_serving_rejects_text_longer_than_axes_lens():
+    reference, serving = tiny_pair()
+    states = torch.zeros(1, 128, 64)
+    with pytest.raises(ValueError, match="exceed axes_lens"):
+        serving.forward(latents((1, 16, 8, 8)), torch.tensor([0.5]), states, torch.ones(1, 128, dtype=torch.bool))
+
+
+def test_rope_theta_is_live_in_the_serving_model():
+    """The sensitivity catalogue mutates the serving RoPE θ: it must change the velocity."""
+    reference, serving = tiny_pair()
+    text, mask = serving.text_condition(77, seed=3)
+    x, t = latents((1, 16, 32, 32)), torch.tensor([0.4])
+    base = serving.forward(x, t, text, mask)
+    torch.testing.assert_close(base, reference.forward(x, t, text, mask), atol=1e-5, rtol=1e-5)
+    serving.module.rope_embedder.theta = 500.0
+    assert (serving.forward(x, t, text, mask) - base).abs().max() > 1e-3
+    rebuilt = ServingDiT.build(dataclasses.replace(tiny_config(), rope_theta=500.0), tiny_state())
+    assert (rebuilt.forward(x, t, text, mask) - base).abs().max() > 1e-3
