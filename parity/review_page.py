@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import math
 import numbers
+import re
 import shutil
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -300,7 +301,16 @@ def numerics_section(review: Review, assets: Assets) -> str:
     return section("numerics", "Numerics: where it diverged", "\n".join(body))
 
 
-LEDGER_METRICS = ("compiles", "new_compiles")
+# Ledger metrics, bare (`compiles`) or per code object as parity.compile_watch names them
+# (`compiles[TransformerBlock.forward]`, `recompiles[...]`).
+LEDGER_METRICS = ("compiles", "new_compiles", "recompiles")
+_LABELLED_METRIC = re.compile(r"^(?P<base>[a-z_]+)\[(?P<code>.*)\]$")
+
+
+def split_metric(metric: str) -> tuple[str, str]:
+    """(`compiles`, `TransformerBlock.forward`) for `compiles[TransformerBlock.forward]`; (metric, '') otherwise."""
+    match = _LABELLED_METRIC.match(metric)
+    return (match["base"], match["code"]) if match else (metric, "")
 
 
 def _first_bound(*rows: pd.Series | None) -> float:
@@ -310,39 +320,49 @@ def _first_bound(*rows: pd.Series | None) -> float:
     return math.nan
 
 
+def _ledger(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per (shape, mode, code object) in lattice order: compiles, new compiles, bound, reasons."""
+    lines = []
+    for (case, mode, code), group in rows.groupby(["case", "mode", "_code"], sort=False):
+        last = {m: (group[group["_base"] == m].iloc[-1] if (group["_base"] == m).any() else None) for m in LEDGER_METRICS}
+        lines.append(
+            {
+                "shape": case,
+                "mode": mode,
+                "code": code,
+                **{m: (last[m]["value"] if last[m] is not None else math.nan) for m in LEDGER_METRICS},
+                "bound": _first_bound(last["new_compiles"], last["compiles"]),
+                "verdict": _gate_verdict(group),
+                "reason": " | ".join(dict.fromkeys(d for d in group["detail"] if d)),
+            }
+        )
+    return pd.DataFrame(lines)
+
+
 def recompiles_section(review: Review) -> str:
     rows = _suite(review, "recompiles")
+    title = "Recompiles: what recompiled and why"
     if rows.empty:
-        return section("recompiles", "Recompiles: what recompiled and why", note(NO_ROWS))
-    ledger_rows = rows[rows["metric"].isin(LEDGER_METRICS)]
+        return section("recompiles", title, note(NO_ROWS))
+    parts = rows["metric"].map(split_metric)
+    rows = rows.assign(_base=parts.str[0], _code=parts.str[1])
+    in_ledger = rows["_base"].isin(LEDGER_METRICS)
     body = []
-    if not ledger_rows.empty:
-        ledger = []
-        for (case, mode), group in ledger_rows.groupby(["case", "mode"], sort=False):
-            by_metric = {m: group[group["metric"] == m] for m in LEDGER_METRICS}
-            compiles = by_metric["compiles"].iloc[-1] if not by_metric["compiles"].empty else None
-            new = by_metric["new_compiles"].iloc[-1] if not by_metric["new_compiles"].empty else None
-            reasons = list(dict.fromkeys(d for d in group["detail"] if d))
-            ledger.append(
-                {
-                    "shape": case,
-                    "mode": mode,
-                    "compiles": compiles["value"] if compiles is not None else math.nan,
-                    "new_compiles": new["value"] if new is not None else math.nan,
-                    "bound": _first_bound(new, compiles),
-                    "verdict": _gate_verdict(group),
-                    "reason": " | ".join(reasons),
-                }
-            )
-        body.append("<h3>Ledger (lattice order: one row per shape, compiles are cumulative)</h3>")
-        body.append(table(pd.DataFrame(ledger), ("shape", "mode", "compiles", "new_compiles", "bound", "verdict", "reason"), table_id="recompile-ledger"))
+    if in_ledger.any():
+        ledger = _ledger(rows[in_ledger])
+        columns = ["shape", "mode", "code", *LEDGER_METRICS, "bound", "verdict", "reason"]
+        for optional in ("code", "new_compiles", "recompiles"):
+            if ledger[optional].replace("", math.nan).isna().all():
+                columns.remove(optional)
+        body.append("<h3>Ledger (lattice order: one row per shape; compiles are cumulative)</h3>")
+        body.append(table(ledger, columns, table_id="recompile-ledger"))
     else:
         body.append(note("no compiles / new_compiles rows in this run"))
-    other = failing_first(rows[~rows["metric"].isin(LEDGER_METRICS)])
+    other = failing_first(rows[~in_ledger].drop(columns=["_base", "_code"]))
     if not other.empty:
         body.append("<h3>Graph breaks, regional compilation, eager fallback</h3>")
         body.append(table(other, ROW_COLUMNS))
-    return section("recompiles", "Recompiles: what recompiled and why", "\n".join(body))
+    return section("recompiles", title, "\n".join(body))
 
 
 def _variant_key(name: str) -> tuple[int, str]:

@@ -291,3 +291,18 @@ def test_the_committed_cpu_baseline_is_clean_against_a_fresh_run(tiny_run: TinyR
     result = run_parity(["review", str(tiny_run.run_dir)])
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"baseline {COMMITTED_CPU_BASELINE}:" in result.stdout and "regressions: 0" in result.stdout
+
+
+def test_without_run_dir_the_latest_run_is_reviewed(tiny_run: TinyRun, tmp_path: Path) -> None:
+    import os
+
+    from parity.review import latest_run_dir
+
+    older, newer = copy_run(tiny_run.run_dir, tmp_path / "a-older"), copy_run(tiny_run.run_dir, tmp_path / "b-newer")
+    (tmp_path / "c-empty").mkdir()  # a run directory without rows is not a candidate
+    os.utime(older / "results.csv", (1_000_000_000, 1_000_000_000))
+    assert latest_run_dir(tmp_path) == newer
+    os.utime(newer / "results.csv", (900_000_000, 900_000_000))
+    assert latest_run_dir(tmp_path) == older
+    with pytest.raises(FileNotFoundError, match="no run directories"):
+        latest_run_dir(tmp_path / "c-empty")

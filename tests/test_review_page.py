@@ -213,3 +213,31 @@ def test_the_page_shows_the_baseline_comparison(tiny_run: TinyRun, tmp_path: Pat
     page = parse_page(run_dir)
     regressions = page.tables["regressions"]
     assert len(regressions) == 2 and regressions[1][-1] == "verdict pass -> fail"
+
+
+def test_the_ledger_reads_compile_watch_metric_names(tiny_run: TinyRun, tmp_path: Path) -> None:
+    """parity.compile_watch names its rows per code object: `compiles[TransformerBlock.forward]`."""
+    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
+    frame = read_results(run_dir)
+    write_rows(run_dir, frame[frame["suite"] != "recompiles"])
+    reason = "tensor 'x' size mismatch at index 2. expected 32, actual 64"
+    writer_for(run_dir).write_many(
+        [
+            dict(suite="recompiles", case="latent=32x32", mode="compiled", metric="compiles[TransformerBlock.forward]", value=1,
+                 threshold=1, verdict="pass", better="equal", detail="recompile reasons: none"),
+            dict(suite="recompiles", case="latent=32x64", mode="compiled", metric="compiles[TransformerBlock.forward]", value=2,
+                 threshold=1, verdict="fail", better="equal", detail=f"recompile reasons: {reason}"),
+            dict(suite="recompiles", case="latent=32x64", mode="compiled", metric="recompiles[TransformerBlock.forward]", value=1,
+                 verdict="pass", kind="info", detail=reason),
+            dict(suite="recompiles", case="latent=32x64", mode="compiled", metric="graph_breaks", value=0, threshold=0,
+                 verdict="pass", detail="none"),
+        ]
+    )
+    page = rebuild(run_dir)
+    ledger = page.tables["recompile-ledger"]
+    assert ledger[0] == ["shape", "mode", "code", "compiles", "recompiles", "bound", "verdict", "reason"]
+    assert [row[:5] for row in ledger[1:]] == [
+        ["latent=32x32", "compiled", "TransformerBlock.forward", "1", ""],
+        ["latent=32x64", "compiled", "TransformerBlock.forward", "2", "1"],
+    ]
+    assert ledger[2][6] == "fail" and reason in ledger[2][7]
