@@ -14,8 +14,8 @@ duplicate of a key matches the n-th duplicate. The rule for a matched row (READM
   at the bound. Measured against the bound in force now, a row whose share rose by more than
   `margin` (default 0.10, a tenth of the allowance) is a regression, one whose share fell by more
   than `margin` an improvement, even when both verdicts pass.
-* **a loosened bound** (threshold raised for lower-is-better, lowered for higher-is-better, or a
-  changed expected value for `equal`) is a regression: a bound widened since the baseline hides
+* **a loosened bound** (threshold raised for lower-is-better, lowered for higher-is-better, dropped,
+  or a changed expected value for `equal`) is a regression: a bound widened since the baseline hides
   exactly what the baseline was kept for. Accept it by regenerating the baseline.
 * **gate rows without a bound or with `better = equal`**: verdicts only; a changed value is listed.
 * **info rows**: listed when they moved by more than `margin` (relative), never a regression.
@@ -173,8 +173,10 @@ def bound_change(old: float, new: float, better: str) -> str:
     """`loosened`, `tightened`, `changed` (equal rows) or '' for a threshold between two runs."""
     if pd.isna(old) and pd.isna(new):
         return ""
-    if pd.isna(old) or pd.isna(new):
-        return "changed"
+    if pd.isna(old):
+        return "tightened"  # a bound where there was none
+    if pd.isna(new):
+        return "loosened"  # the bound was dropped
     if old == new:
         return ""
     if better == "lower":

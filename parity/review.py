@@ -114,6 +114,8 @@ def load_review(
     """Read `run_dir` and compare it with `baseline` (a run directory or CSV) or, when none is given
     and `use_default_baseline`, with `baseline_dir/<device kind>-<dtype>.csv` if that exists."""
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (a directory holding {RESULTS_FILE})")
     frame = load_rows(run_dir)
     review = Review(run_dir=run_dir, frame=frame, info=read_run_info(run_dir))
     if baseline is None and use_default_baseline and not frame.empty:

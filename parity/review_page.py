@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from parity.baseline import Comparison, row_location
+from parity.baseline import Comparison
 from parity.compare import ERROR, FAIL, PASS, TIE_FLIP
 from parity.report import RESULTS_FILE, RUN_INFO_FILE, summarize
 from parity.review import Review, failing_first, failing_suites_first, used_share
@@ -503,7 +503,9 @@ def environment_section(review: Review) -> str:
     first = ("torch", "device", "device_name", "cuda", "git_sha", "dtype", "size", "target", "run_id")
     keys = [k for k in first if k in info] + sorted(k for k in info if k not in first)
     items = pd.DataFrame([{"key": k, "value": _env_text(info[k])} for k in keys])
-    body = [table(items, ("key", "value"), row_class=lambda _: "", table_id="environment"), f'<p><a href="{RUN_INFO_FILE}">{RUN_INFO_FILE}</a></p>']
+    body = [table(items, ("key", "value"), row_class=lambda _: "", table_id="environment")]
+    if (review.run_dir / RUN_INFO_FILE).is_file():
+        body.append(f'<p><a href="{RUN_INFO_FILE}">{RUN_INFO_FILE}</a></p>')
     return section("environment", "Environment", "\n".join(body))
 
 

@@ -95,6 +95,10 @@ def test_a_loosened_bound_is_a_regression_a_tightened_one_is_not(template: pd.Se
     assert "bound loosened: 1e-05 -> 0.0001" in loosened.regressions.iloc[0]["why"]
     tightened = compare_rows(old, one(template, value=1e-7, threshold=1e-6))
     assert tightened.ok and "bound tightened" in tightened.changed.iloc[0]["why"]
+    dropped = compare_rows(old, one(template, value=1e-7))
+    assert "bound loosened: 1e-05 -> " in dropped.regressions.iloc[0]["why"]
+    added = compare_rows(one(template, value=1e-7), old)
+    assert added.ok and "bound tightened" in added.changed.iloc[0]["why"]
     higher = one(template, metric="psnr", better="higher", value=50.0, threshold=40.0)
     assert not compare_rows(higher, one(template, metric="psnr", better="higher", value=50.0, threshold=30.0)).ok
 

@@ -8,8 +8,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import pandas as pd
-import pytest
 
 from parity.report import read_results
 from parity.review import load_review
@@ -162,13 +160,15 @@ def test_failing_rows_come_first_and_text_is_escaped(tiny_run: TinyRun, tmp_path
     assert broken_references(run_dir) == []
 
 
-def test_absent_suites_get_a_note_not_a_crash(tiny_run: TinyRun, tmp_path: Path) -> None:
+def test_absent_suites_and_files_get_a_note_not_a_crash(tiny_run: TinyRun, tmp_path: Path) -> None:
     run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
     frame = read_results(run_dir)
     write_rows(run_dir, frame[frame["suite"] == "selfcheck"])
     for png in (run_dir / "images").rglob("*.png") if (run_dir / "images").exists() else []:
         png.unlink()
-    rebuild(run_dir)
+    (run_dir / "run.json").unlink()  # a run directory copied without its environment file
+    page = rebuild(run_dir)
+    assert dict(page.tables["environment"][1:])["rows: torch_version"]
     text = (run_dir / PAGE_FILE).read_text()
     for anchor in ("numerics", "recompiles", "images", "routing", "sensitivity"):
         section = re.search(rf'<section id="{anchor}">(.*?)</section>', text, re.S).group(1)
