@@ -120,7 +120,10 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
         const="",
         default=None,
         metavar="PATH",
-        help="after reviewing, write this run as the baseline (default path: the committed baseline of its device kind and dtype)",
+        help=(
+            "after reviewing, write this run as the baseline (default path: the committed baseline of its device kind "
+            "and dtype); give RUN_DIR before this option"
+        ),
     )
     review.add_argument("--all", action="store_true", dest="show_all", help="list passing gate rows too, not just failing and tie-flip ones")
     review.set_defaults(func=cmd_review)
