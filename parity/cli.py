@@ -2,7 +2,10 @@
 
 `parity run` is the main job: it runs the parity suites through pytest with the plugin, shows
 pytest's progress, prints a per-suite summary and the run directory, and exits non-zero when any
-check failed. `parity make-checkpoint` writes a random checkpoint with upstream tensor names.
+check failed; it also writes the run's review page (`index.html`). `parity review` reads a run
+directory, prints what failed and what changed against the baseline of its device kind and dtype,
+writes `index.html`, and exits non-zero on any failure or regression; `--write-baseline` regenerates
+the baseline. `parity make-checkpoint` writes a random checkpoint with upstream tensor names.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from parity import env
-from parity.report import format_summary, new_run_id, outcome
+from parity.report import ReportError, format_summary, new_run_id, outcome
 
 SUITES_DIR = env.PROJECT_ROOT / "suites"
 CHECKPOINT_MAKER = "reference_models.checkpoints:make_checkpoint"
@@ -79,10 +82,58 @@ def _add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:
     ckpt.set_defaults(func=cmd_make_checkpoint)
 
 
+def _add_review_parser(sub: argparse._SubParsersAction) -> None:
+    from parity.baseline import BASELINE_DIR, DEFAULT_MARGIN
+
+    review = sub.add_parser(
+        "review",
+        help="summarise a run, compare it with its baseline, write its index.html",
+        description=(
+            "Read a run directory: print a per-suite summary (failing rows first, with value and threshold), "
+            f"compare with the baseline of the run's device kind and dtype ({BASELINE_DIR.relative_to(env.PROJECT_ROOT)}/"
+            "<device kind>-<dtype>.csv, e.g. cpu-fp32.csv, h200-bf16.csv) or --baseline, and write RUN_DIR/index.html. "
+            "A gate row is a regression when its verdict went to fail/error, its bound was loosened, or it uses "
+            "more than MARGIN more of its bound than in the baseline; a vanished gate row fails too; info rows never do. "
+            "Exit 0: clean; 1: a failing row, a regression or a vanished gate row; 2: unreadable run or unusable baseline."
+        ),
+    )
+    review.add_argument(
+        "run_dir",
+        nargs="?",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="run directory with results.csv (default: the latest under reports/runs)",
+    )
+    which = review.add_mutually_exclusive_group()
+    which.add_argument("--baseline", type=Path, default=None, metavar="RUN_DIR_OR_CSV", help="compare with this run directory or CSV instead of the committed baseline")
+    which.add_argument("--no-baseline", action="store_true", help="do not compare with any baseline")
+    review.add_argument(
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help=f"share of a row's bound it may move toward the bound before it is a regression (default {DEFAULT_MARGIN})",
+    )
+    review.add_argument(
+        "--write-baseline",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help=(
+            "after reviewing, write this run as the baseline (default path: the committed baseline of its device kind "
+            "and dtype); give RUN_DIR before this option"
+        ),
+    )
+    review.add_argument("--all", action="store_true", dest="show_all", help="list passing gate rows too, not just failing and tie-flip ones")
+    review.set_defaults(func=cmd_review)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parity", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(sub)
+    _add_review_parser(sub)
     _add_checkpoint_parser(sub)
     return parser
 
@@ -128,10 +179,50 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("\nparity summary")
     print(format_summary(result.summary))
     print(f"\n{result.rows} rows: {run_dir / 'results.csv'}")
+    try:
+        from parity.review import load_review
+        from parity.review_page import write_page
+
+        print(f"review page: {write_page(load_review(run_dir, use_default_baseline=False))}")
+    except Exception as exc:  # a broken page must not hide the verdicts printed above, but must not pass
+        print(f"parity run: could not write the review page: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return code or 1
     if not result.ok:
         print(f"parity run: {result.failed_cases} case(s) failed or errored", file=sys.stderr)
         return code or 1
     return code
+
+
+def cmd_review(args: argparse.Namespace) -> int:
+    from parity.baseline import BaselineError, default_baseline_path, write_baseline
+    from parity.review import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, format_review, latest_run_dir, load_review
+    from parity.review_page import write_page
+
+    try:
+        run_dir = args.run_dir or latest_run_dir(env.PROJECT_ROOT / "reports" / "runs")
+        try:
+            review = load_review(run_dir, baseline=args.baseline, use_default_baseline=not args.no_baseline, margin=args.margin)
+        except BaselineError as exc:
+            if args.write_baseline is None:
+                raise
+            # Regenerating for a new configuration: there is nothing valid to compare with yet.
+            print(f"parity review: not compared with the old baseline: {exc}")
+            review = load_review(run_dir, use_default_baseline=False)
+    except (FileNotFoundError, ReportError, BaselineError, ValueError) as exc:
+        print(f"parity review: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    print(format_review(review, show_all=args.show_all))
+    print(f"review page: {write_page(review)}")
+    if args.write_baseline is not None:
+        target = Path(args.write_baseline) if args.write_baseline else default_baseline_path(run_dir, review.frame)
+        try:
+            written = write_baseline(review.frame, target)
+        except BaselineError as exc:
+            print(f"parity review: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"wrote baseline {written} ({len(review.frame)} rows): the comparison above is what it accepts")
+        return EXIT_OK
+    return EXIT_OK if review.ok else EXIT_FAILED
 
 
 def cmd_make_checkpoint(args: argparse.Namespace) -> int:

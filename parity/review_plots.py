@@ -1,0 +1,153 @@
+"""The review page's figures: error by layer (numerics) and difference heat maps (images).
+
+Figures are drawn with matplotlib's object API on an Agg canvas, never through pyplot, so writing a
+page neither needs a display nor changes the backend of a process that imported the harness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+_INDEXED_SITE = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)$")
+# Sites that close a model's forward pass: drawn after its layers / blocks.
+_FINAL_SITES = ("logits", "velocity")
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteFamily:
+    """A group of sites drawn on one x axis (the AR decoder's layers, the DiT's blocks)."""
+
+    key: str
+    title: str
+
+
+AR_LAYERS = SiteFamily("ar", "AR decoder: error by layer")
+DIT_BLOCKS = SiteFamily("dit", "DiT: error by block")
+OTHER_SITES = SiteFamily("other", "other sites")
+
+
+def site_family(site: str) -> SiteFamily:
+    if site.startswith("layer.") or site in ("logits", "embed", "embeddings"):
+        return AR_LAYERS
+    if site.startswith("block.") or site == "velocity":
+        return DIT_BLOCKS
+    return OTHER_SITES
+
+
+def site_order(sites: Sequence[str]) -> list[str]:
+    """Forward order of a family's sites: `layer.N` by N; named blocks in the order rows were
+    written (suites write in forward order); `logits` / `velocity` last."""
+    unique = list(dict.fromkeys(s for s in sites if s))
+    indexed = [s for s in unique if _INDEXED_SITE.match(s) and _INDEXED_SITE.match(s)["prefix"] == "layer"]
+    final = [s for s in unique if s in _FINAL_SITES]
+    named = [s for s in unique if s not in indexed and s not in final]
+    indexed.sort(key=lambda s: int(_INDEXED_SITE.match(s)["index"]))
+    return indexed + named + final
+
+
+def _save(figure: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(figure)
+    figure.savefig(path, format="png", dpi=96)
+    return path
+
+
+def divergence_plot(rows: pd.DataFrame, metrics: Sequence[str], path: Path, title: str) -> tuple[Path, str] | None:
+    """Error by site, one line per (case, mode), one panel per metric, log scale.
+
+    `rows` are numerics rows of one site family. Returns the PNG path and a caption (what was drawn
+    at the floor), or None when no metric has a finite value to draw.
+    """
+    order = site_order(rows["site"].tolist())
+    position = {site: i for i, site in enumerate(order)}
+    panels = [m for m in metrics if np.isfinite(rows.loc[rows["metric"] == m, "value"]).any()]
+    if not order or not panels:
+        return None
+    values = rows.loc[rows["metric"].isin(panels), "value"]
+    finite = values[np.isfinite(values)]
+    positive = finite[finite > 0]
+    floor = float(positive.min()) / 10 if not positive.empty else 1e-12
+    width = max(6.0, min(16.0, 0.35 * len(order) + 4)) * len(panels)
+    figure = Figure(figsize=(width, 4.2), layout="constrained")
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    lines = list(rows[["case", "mode"]].drop_duplicates().itertuples(index=False))
+    palette = "tab10" if len(lines) <= 10 else "tab20"  # tab20 pairs similar hues; only when needed
+    colours = matplotlib.colormaps[palette].resampled(max(len(lines), 1))
+    markers = "os^vD<>ph*"
+    zero_drawn = False
+    for axis, metric in zip(axes, panels):
+        for i, (case, mode) in enumerate(lines):
+            mine = rows[(rows["case"] == case) & (rows["mode"] == mode) & (rows["metric"] == metric)]
+            mine = mine[mine["site"].isin(position)]
+            if mine.empty:
+                continue
+            mine = mine.assign(_x=mine["site"].map(position)).sort_values("_x")
+            y = mine["value"].to_numpy(dtype=float)
+            zero_drawn |= bool((y <= 0).any())
+            y = np.where(np.isfinite(y), np.maximum(y, floor), np.nan)
+            axis.plot(mine["_x"], y, marker=markers[i % len(markers)], markersize=4, linewidth=1.2,
+                      color=colours(i), label=f"{case} / {mode}")
+        thresholds = rows.loc[(rows["metric"] == metric) & (rows["kind"] != "info"), "threshold"].dropna().unique()
+        if len(thresholds) == 1 and thresholds[0] > 0:
+            axis.axhline(thresholds[0], color="crimson", linestyle="--", linewidth=1, label=f"bound {thresholds[0]:.3g}")
+        axis.set_yscale("log")
+        axis.set_title(metric)
+        axis.set_xticks(range(len(order)))
+        step = max(1, len(order) // 24)
+        axis.set_xticklabels([s if i % step == 0 else "" for i, s in enumerate(order)], rotation=60, ha="right", fontsize=7)
+        axis.grid(True, which="major", alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        figure.legend(handles, labels, loc="outside right upper", fontsize=7)
+    figure.suptitle(title)
+    caption = f"exact zeros are drawn at {floor:.3g} (log scale)" if zero_drawn else ""
+    return _save(figure, path), caption
+
+
+def load_png(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffPanel:
+    """One heat map: |candidate - reference| per pixel, the largest over channels, in 0..255 units."""
+
+    reference: str
+    candidate: str
+    max_diff: int
+    mean_diff: float
+
+
+def image_diff_plot(images: dict[str, np.ndarray], reference: str, path: Path, title: str) -> tuple[Path, list[DiffPanel]] | None:
+    """Heat maps of every other variant against `reference`, on one shared colour scale."""
+    base = images[reference]
+    others = [name for name, image in images.items() if name != reference and image.shape == base.shape]
+    if not others:
+        return None
+    diffs = {name: np.abs(images[name].astype(np.int16) - base.astype(np.int16)).max(axis=-1) for name in others}
+    vmax = max(1, max(int(d.max()) for d in diffs.values()))
+    figure = Figure(figsize=(3.2 * len(others) + 0.8, 3.4), layout="constrained")
+    axes = figure.subplots(1, len(others), squeeze=False)[0]
+    shown = None
+    panels = []
+    for axis, name in zip(axes, others):
+        diff = diffs[name]
+        shown = axis.imshow(diff, cmap="magma", vmin=0, vmax=vmax, interpolation="nearest")
+        axis.set_title(f"|{name} - {reference}|\nmax {int(diff.max())}, mean {diff.mean():.3g}", fontsize=8)
+        axis.set_axis_off()
+        panels.append(DiffPanel(reference, name, int(diff.max()), float(diff.mean())))
+    figure.colorbar(shown, ax=list(axes), shrink=0.8, label="abs difference (0-255)")
+    figure.suptitle(title, fontsize=9)
+    return _save(figure, path), panels
