@@ -367,6 +367,22 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     return result
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[Any]:
+    """A suite test whose setup failed (a model that would not load, a fixture that raised) still
+    leaves an `error` row, so a run's CSV accounts for every test of a suite."""
+    report = yield
+    suite = _suite_of(item)
+    if report.when == "setup" and report.failed and suite and call.excinfo is not None:
+        exc = call.excinfo.value
+        message = f"setup failed: {type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
+        item.config.stash[_WRITER].write(
+            {"suite": suite, "case": _default_case(item), "metric": "exception", "value": None,
+             "verdict": ERROR, "detail": message, "test": item.nodeid}
+        )
+    return report
+
+
 # ---------------------------------------------------------------------------------------------
 # Fixtures a suite uses
 # ---------------------------------------------------------------------------------------------

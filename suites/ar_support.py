@@ -54,6 +54,13 @@ class DecodeCase:
 
 
 @dataclasses.dataclass(frozen=True)
+class MoERange:
+    name: str
+    moe_type: str
+    expected_layers: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
 class DecodeSettings:
     tie_spacings: float
     reason: str
@@ -68,6 +75,7 @@ CASES = load_case_file(
         "clamp_compile": Table(ClampCompile, many=False),
         "decode": Table(DecodeCase),
         "decode_settings": Table(DecodeSettings, many=False),
+        "moe_ranges": Table(MoERange),
     },
 )
 TOL: dict[str, Tolerance] = CASES["tolerances"]

@@ -9,15 +9,20 @@ the layer; both experts recomputed by the harness), against the reference routin
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from parity.compare import FAIL, PASS, Verdict, diff
 from parity.runners import make_runner
+from reference_models.checkpoints import random_state_dict
 from suites.ar_support import (
+    CASES,
     PROMPTS,
     TOL,
     ar_models,  # noqa: F401 (fixture)
+    ids_of,
     moe_taps,
     observe_expert_use,
     routing_mismatches,
@@ -120,3 +125,27 @@ def test_multimodal_entry_routes_gen_tokens(mode: str, ar_models, report) -> Non
             with _prepare(models, mode, models.target.forward_multimodal, (embeds, ids), taps, "forward_multimodal") as run:
                 result = run(embeds, ids)
             _record_routing(report, models, mode, case, ids, result.taps)
+
+
+@pytest.mark.parametrize("case", CASES["moe_ranges"], ids=ids_of(CASES["moe_ranges"]))
+def test_moe_type_layer_range(case, ar_models, report, target) -> None:
+    """`moe_type` ranges are half-open and 0-based: on a tiny variant whose range ends before the
+    last layer, gen tokens take the gen expert on exactly the listed layers (an inclusive or
+    shifted reading adds or moves a layer). Weights from the reference's random init for that
+    configuration; the target is built from them."""
+    models = ar_models
+    if models.size != "tiny":
+        pytest.skip("moe_type range variants are built on the tiny configuration")
+    config = dataclasses.replace(models.config, moe_type=case.moe_type)
+    state = random_state_dict(config, models.seed, models.device, models.dtype)
+    variant = target.build_ar(config, state, models.device, models.dtype)
+    layers = sorted(site.layer for site in variant.moe_sites())
+    report.verdict(
+        Verdict(PASS if layers == case.expected_layers else FAIL, "moe_layers_match", int(layers == case.expected_layers), 1,
+                f"moe_type {case.moe_type!r}: target built gen experts on layers {layers}, expected {case.expected_layers}"),
+        case=case.name, better="equal",
+    )
+    ids = models.ids(PROMPTS[2].rows)  # mixed
+    with make_runner("eager", device=models.device).prepare(variant.forward, (ids,), taps=moe_taps(variant)) as run:
+        result = run(ids)
+    _record_routing(report, dataclasses.replace(models, target=variant), "eager", case.name, ids, result.taps)

@@ -1,0 +1,282 @@
+"""The sensitivity catalogue: known-bad variants of the built-in target, one per defect of the seeds.
+
+A mutant is one small run-time change (a monkeypatch of one named function, or an attribute set
+on loaded modules), never an edit of shipped code. Each is reachable as a `--target` factory,
+`suites.mutants:mutant_<name with _ for ->`, which applies the change in the process that loads
+it and returns the serving target, so any suite can be pointed at it. Each entry says which
+defect it stands for, which suite must kill it and which tests of that suite to run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    defect: str
+    suite: str
+    tests: tuple[str, ...]  # pytest arguments selecting the tests that must go red
+    target: str  # the --target spec that loads the mutant
+
+    @property
+    def factory(self) -> str:
+        return self.target
+
+
+CATALOGUE: dict[str, Mutant] = {}
+_APPLY: dict[str, Callable[[], None]] = {}
+
+
+def mutant(name: str, *, defect: str, suite: str, tests: tuple[str, ...]) -> Callable:
+    """Register the decorated function as the run-time change of mutant `name`."""
+
+    def register(apply: Callable[[], None]) -> Callable[[], None]:
+        spec = f"suites.mutants:mutant_{name.replace('-', '_')}"
+        CATALOGUE[name] = Mutant(name, defect, suite, tests, spec)
+        _APPLY[name] = apply
+        return apply
+
+    return register
+
+
+def external(name: str, *, defect: str, suite: str, tests: tuple[str, ...], target: str) -> None:
+    """A mutant whose factory lives in a family module (suites/mutants_dit.py, mutants_routing.py)."""
+    CATALOGUE[name] = Mutant(name, defect, suite, tests, target)
+
+
+def _serving_target_with(name: str) -> Any:
+    _APPLY[name]()
+    from serving_models.target import make_target
+
+    return make_target()
+
+
+def __getattr__(attribute: str) -> Callable[[], Any]:
+    """`mutant_<name>`: the zero-argument --target factory of a registered mutant."""
+    if attribute.startswith("mutant_"):
+        name = attribute.removeprefix("mutant_").replace("_", "-")
+        if name in _APPLY:
+            return functools.partial(_serving_target_with, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+
+
+def _patch(module_name: str, attribute: str, replacement: Any) -> None:
+    setattr(importlib.import_module(module_name), attribute, replacement)
+
+
+AR = "serving_models.mammothmoda2_ar"
+EXPERT_SELECTION = "suites/test_expert_selection.py"
+
+
+# ---------------------------------------------------------------------------------------------
+# AR backbone (seed 000: vllm-omni#7318, #9764, #9851, #7319, #7432)
+# ---------------------------------------------------------------------------------------------
+
+
+@mutant(
+    "multimodal-drops-input-ids",
+    defect="the runner's multimodal entry passes inputs_embeds only: mask None, every token on the und expert (#9851)",
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "multimodal and not compiled"),
+)
+def _drop_input_ids() -> None:
+    from serving_models import ar_runner
+
+    original = ar_runner.prepare_model_inputs
+
+    def prepare_model_inputs(model, input_ids, inputs_embeds):
+        inputs = original(model, input_ids, inputs_embeds)
+        if inputs_embeds is not None:
+            inputs["input_ids"] = None
+        return inputs
+
+    ar_runner.prepare_model_inputs = prepare_model_inputs
+
+
+@mutant(
+    "host-branch-dispatch-under-capture",
+    defect="the eager any/all dispatch stays active under capture, so the dummy batch's branch is what a graph holds (#7318)",
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "test_expert_selection and cpu_graph"),
+)
+def _host_branch_dispatch() -> None:
+    ar = importlib.import_module(AR)
+
+    def moe_dispatch(hidden_states, und_expert, gen_expert, gen_token_mask, layer_name):
+        if gen_expert is None:
+            return und_expert(hidden_states)
+        return ar.moe_eager(hidden_states, und_expert, gen_expert, gen_token_mask)
+
+    ar.moe_dispatch = moe_dispatch
+
+
+@mutant(
+    "capture-without-mask-fails-open",
+    defect="capturing without a mask silently runs the und expert for every token instead of raising (#9764)",
+    suite="fail_closed_capture",
+    tests=("suites/test_fail_closed_capture.py", "-k", "capture_without_mask"),
+)
+def _fail_open() -> None:
+    ar = importlib.import_module(AR)
+    original = ar.moe_dispatch
+
+    def moe_dispatch(hidden_states, und_expert, gen_expert, gen_token_mask, layer_name):
+        if gen_token_mask is None:
+            return und_expert(hidden_states)
+        return original(hidden_states, und_expert, gen_expert, gen_token_mask, layer_name)
+
+    ar.moe_dispatch = moe_dispatch
+
+
+@mutant(
+    "no-clamp-gen-side",
+    defect="the gen-table index is id - start unclamped: text ids and the -1 sentinel index out of range on the discarded side (#7432)",
+    suite="embedding_clamp",
+    tests=("suites/test_embedding_clamp.py", "-k", "in_range_indices and not compiled"),
+)
+def _no_clamp_gen() -> None:
+    _patch(AR, "clamp_gen_ids", lambda input_ids, start, gen_vocab_size: input_ids - start)
+
+
+@mutant(
+    "no-clamp-base-side",
+    defect="the base-table index is the raw id: gen ids and the -1 sentinel index out of range on the discarded side (#7319)",
+    suite="embedding_clamp",
+    tests=("suites/test_embedding_clamp.py", "-k", "in_range_indices and not compiled"),
+)
+def _no_clamp_base() -> None:
+    _patch(AR, "clamp_base_ids", lambda input_ids, base_vocab_size: input_ids)
+
+
+def _patch_moe_enable(rule: Callable[[int, int, int], bool]) -> None:
+    from serving_models import ar_config
+
+    original = ar_config.moe_enable
+
+    def moe_enable(moe_type: str, layer_type: str, layer_idx: int) -> bool:
+        if ":" not in moe_type:
+            return original(moe_type, layer_type, layer_idx)
+        kind, _, span = moe_type.partition("-")
+        start, end = (int(v) for v in span.split(":"))
+        return layer_type in kind and rule(start, end, layer_idx)
+
+    ar_config.moe_enable = moe_enable
+
+
+@mutant(
+    "moe-range-inclusive",
+    defect="moe_type's 'a:b' read as inclusive, enabling the gen expert one layer past the range",
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "moe_type"),
+)
+def _moe_inclusive() -> None:
+    _patch_moe_enable(lambda start, end, i: start <= i <= end)
+
+
+@mutant(
+    "moe-range-shifted",
+    defect="moe_type's range shifted by one layer (1-based reading)",
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "moe_type"),
+)
+def _moe_shifted() -> None:
+    _patch_moe_enable(lambda start, end, i: start <= i - 1 < end)
+
+
+@mutant(
+    "gen-mlp-never-called",
+    defect="gen_mlp weights load and are never called: every token on the und expert (the 42 unused tensors of #9764)",
+    suite="weight_coverage",
+    tests=("suites/test_weight_coverage.py", "-k", "target"),
+)
+def _gen_never_called() -> None:
+    _patch(AR, "moe_dispatch", lambda hidden_states, und_expert, gen_expert, gen_token_mask, layer_name: und_expert(hidden_states))
+
+
+@mutant(
+    "decode-resets-mask",
+    defect="decode steps drop the mask (UP3's prepare_inputs_for_generation reset misused): decode routes every token to the und expert",
+    suite="decode",
+    tests=("suites/test_decode.py", "-k", "eager"),
+)
+def _decode_resets_mask() -> None:
+    ar = importlib.import_module(AR)
+    lm = ar.MammothModa2Qwen2ForCausalLM
+    original = lm.forward
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, gen_token_mask=None, kv_cache=None):
+        if kv_cache is not None and input_ids is not None and input_ids.shape[1] == 1:
+            inputs_embeds, input_ids = self.get_input_embeddings(input_ids), None
+        return original(self, input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache)
+
+    lm.forward = forward
+
+
+def _probe_warning(every_call: bool) -> None:
+    from serving_models import capture
+
+    def is_capturing(device) -> bool:
+        backend = capture._backend_name(device)
+        probe = capture._probes.get(backend)
+        if probe is None:
+            if every_call:
+                warnings.warn(f"backend {backend!r} has no capture probe", capture.MissingCaptureProbeWarning, stacklevel=2)
+            return False
+        return bool(probe())
+
+    capture.is_capturing = is_capturing
+
+
+@mutant(
+    "probe-warning-every-call",
+    defect="the missing-probe warning fires on every call (log spam on NPU/XPU backends)",
+    suite="fail_closed_capture",
+    tests=("suites/test_fail_closed_capture.py", "-k", "missing_probe"),
+)
+def _warn_every_call() -> None:
+    _probe_warning(every_call=True)
+
+
+@mutant(
+    "probe-warning-never",
+    defect="a backend without a capture probe silently reports 'not capturing' (no warning)",
+    suite="fail_closed_capture",
+    tests=("suites/test_fail_closed_capture.py", "-k", "missing_probe"),
+)
+def _warn_never() -> None:
+    _probe_warning(every_call=False)
+
+
+@mutant(
+    "replay-without-copy-in",
+    defect="a decode step replayed without copying the new inputs into the graph's static buffers (stale replay)",
+    suite="decode",
+    tests=("suites/test_decode.py", "-k", "cpu_graph"),
+)
+def _no_copy_in() -> None:
+    from parity.cpu_graph import CpuGraphRun
+
+    CpuGraphRun._copy_in = lambda self, inputs: None
+
+
+@mutant(
+    "rmsnorm-eps-1e-5",
+    defect="RMSNorm eps 1e-5 (UP25's class default) instead of the release's 1e-6 in the serving model: a small numeric drift",
+    suite="numerics",
+    tests=("suites/test_numerics_ar.py", "-k", "layer_by_layer and eager"),
+)
+def _rmsnorm_eps() -> None:
+    ar = importlib.import_module(AR)
+    original = ar.RMSNorm.__init__
+
+    def __init__(self, hidden_size, eps=1e-6, *args, **kwargs):
+        original(self, hidden_size, 1e-5, *args, **kwargs)
+
+    ar.RMSNorm.__init__ = __init__
