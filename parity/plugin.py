@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,10 +112,40 @@ def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, without initialising CUDA: the outer CUDA_VISIBLE_DEVICES
+    mask if one is set, else every GPU `nvidia-smi -L` lists."""
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is not None:
+        return [d.strip() for d in mask.split(",") if d.strip()]
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
+
+
+def pin_xdist_worker_to_gpu() -> str | None:
+    """Give xdist worker `gwN` its own GPU (the N-th visible one, round robin), before CUDA starts.
+
+    Every worker would otherwise default to cuda:0 and run out of memory there (practice.md
+    section 7). Runs before anything touches CUDA; returns the device id chosen, or None.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    gpus = visible_gpus()
+    if not worker.startswith("gw") or not gpus:
+        return None
+    chosen = gpus[int(worker[2:]) % len(gpus)]
+    os.environ["CUDA_VISIBLE_DEVICES"] = chosen
+    return chosen
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     device = config.getoption("--device")
+    if device == "cuda":
+        pin_xdist_worker_to_gpu()
     import torch
 
     torch.set_num_threads(int(os.environ.get(CPU_THREADS_ENV, "1")))
