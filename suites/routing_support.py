@@ -796,6 +796,9 @@ def batch_rows(router: Any, kind_name: str, renormalize: bool, device: torch.dev
 # ---------------------------------------------------------------------------------------------
 
 
+RAW_ID_WIDTH = 8  # columns of the raw id tensor: enough -1 and sentinel slots on every T
+
+
 def replica_table(num_logical: int, replicas: int, device: torch.device) -> torch.Tensor:
     """Expert e lives at physical e; with 2 replicas even experts also live at E + e (uneven counts)."""
     table = torch.full((num_logical, replicas), -1, dtype=torch.int32)
@@ -806,12 +809,14 @@ def replica_table(num_logical: int, replicas: int, device: torch.device) -> torc
 
 
 def ids_with_holes(rows: int, num_logical: int, width: int, sentinel: int, gen: torch.Generator) -> torch.Tensor:
-    """Raw ids: ~10% -1, ~5% `sentinel` (outside every id space), valid-looking ids everywhere
-    else, pad rows included."""
+    """Raw ids: ~10% -1 (at least every fourth row's first slot), ~5% `sentinel` (outside every id
+    space; at least every fourth row's last slot), valid-looking ids everywhere else, pad rows included."""
     ids = torch.randint(0, num_logical, (rows, width), generator=gen, dtype=torch.int32)
     holes = torch.rand(rows, width, generator=gen)
     ids[holes < 0.1] = -1
     ids[holes > 0.95] = sentinel
+    ids[::4, 0] = -1
+    ids[1::4, -1] = sentinel
     return ids
 
 
@@ -843,7 +848,7 @@ def load_rows(router: Any, rows_: int, replicas: int, count: int, device: torch.
     routed = unpack(router.select_experts(logits, spec.k, num_valid_rows=count_tensor(count, device), **options))[1]
     routed_ids = routed[:, : spec.k].contiguous()  # §5: remap the routed columns; shared ones are appended after
     num_physical = spec.experts * replicas
-    raw_ids = ids_with_holes(rows_, spec.experts, spec.k, num_physical + 1, gen).to(device)
+    raw_ids = ids_with_holes(rows_, spec.experts, RAW_ID_WIDTH, num_physical + 1, gen).to(device)
     table = replica_table(spec.experts, replicas, device)
     choice = (torch.arange(rows_, dtype=torch.int32) * 7 + 3).to(device)
     rows = []
