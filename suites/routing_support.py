@@ -1,270 +1,49 @@
-"""What the `routing` suite modules share: the case file, inputs, the checks, and the rank workers.
+"""The checks of the `routing` suite: inputs, comparisons, the near-tie audit, one function per family.
 
-Every check here takes the target's router adapter (`target.router()`: see
+Every check takes the target's router adapter (`target.router()`: see
 `serving_models/routing_adapter.py` for the contract) and returns `Row`s; the suite modules only
 write them through the `report` fixture. Keeping the checks here, as plain functions of a router,
-lets `tests/test_suites_routing.py` feed them broken routers in-process and show each one goes red.
+lets `tests/test_suites_routing.py` hand them broken routers in-process and show each one goes red.
 
 The truth is `reference_models.routing` (a plain per-row loop; `golden=True` gives fp64 weights
 for the same experts, `routing_margins` the k-th vs (k+1)-th key margins for the near-tie audit).
-Nothing here imports the serving package: the target arrives through the adapter, in the rank
-workers too (they load it again from the `--target` spec in each spawned process).
+Nothing here imports the serving package: the target arrives through the adapter. The rank-
+family lives in `suites/routing_ranks.py`, the case file in `suites/routing_cases.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import datetime
 import functools
 import math
-import os
-import re
-import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from parity.cases import CaseFileError, Table, case_path, load_case_file
+from parity.cases import CaseFileError, case_path
 from parity.compare import ERROR, FAIL, PASS, TIE_FLIP, Tolerance, diff, noise_floor_rule
 from parity.runner_core import CaptureError
 from reference_models import routing as reference
-
-SUITE = "routing"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-CASE_FILE = "routing.toml"
-
-
-# ---------------------------------------------------------------------------------------------
-# The case file (cases/routing.toml)
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Kind:
-    """A routing configuration family: §2 softmax or §3 grouped sigmoid with a correction bias."""
-
-    name: str
-    scoring: Literal["softmax", "sigmoid"]
-    grouped: bool
-    bias: Literal["none", "negative"]
-    routed_scaling_factor: float
-    num_shared_experts: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Groups:
-    """Grouped-routing parameters for one expert count and the k values they serve."""
-
-    name: str
-    experts: int
-    k: list[int]
-    num_expert_group: int
-    topk_group: int
-    note: str
-
-
-@dataclasses.dataclass(frozen=True)
-class GridSpec:
-    experts: list[int]
-    k: list[int]
-    rows: list[int]
-    dtypes: list[Literal["fp32", "bf16", "fp16"]]
-    renormalize: list[bool]
-    kinds: list[str]
-    logit_std: float
-    seed: int
-    tie_flip_spacings: float
-
-
-@dataclasses.dataclass(frozen=True)
-class EdgeCase:
-    """A hand-built tie- or nan- case: explicit rows (or a pattern) and hand-written expected ids."""
-
-    name: str
-    k: int
-    expected_ids: list[list[int]]
-    logits: list[list[float]] | None = None
-    pattern: Literal["zeros", "plateau"] | None = None
-    experts: int | None = None
-    rows: int | None = None
-    scoring: Literal["softmax", "sigmoid"] = "softmax"
-    renormalize: bool = True
-    num_expert_group: int | None = None
-    topk_group: int | None = None
-    bias: list[float] | None = None
-    routed_scaling_factor: float = 1.0
-    num_shared_experts: int = 0
-    dtypes: list[Literal["fp32", "bf16", "fp16"]] = dataclasses.field(default_factory=lambda: ["fp32", "bf16"])
-
-    def __post_init__(self) -> None:
-        if (self.logits is None) == (self.pattern is None):
-            raise ValueError("give exactly one of logits and pattern")
-        if self.pattern is not None and (self.experts is None or self.rows is None):
-            raise ValueError("a pattern needs experts and rows")
-
-
-@dataclasses.dataclass(frozen=True)
-class PadSpec:
-    rows: int
-    experts: int
-    k: int
-    counts: list[str]
-    fills: list[Literal["garbage", "nan"]]
-    kinds: list[str]
-    renormalize: bool
-    seed: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplaySpec:
-    capacity: int
-    experts: int
-    k: int
-    counts: list[str]
-    kinds: list[str]
-    renormalize: bool
-    seed: int
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchSpec:
-    experts: int
-    k: int
-    probe_rows: int
-    mates: list[int]
-    positions: list[Literal["front", "middle", "back"]]
-    kinds: list[str]
-    renormalize: list[bool]
-    seed: int
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadSpec:
-    kind: str
-    experts: int
-    k: int
-    rows: list[int]
-    replicas: list[Literal[1, 2]]
-    counts: list[str]
-    seed: int
-
-
-@dataclasses.dataclass(frozen=True)
-class RankSpec:
-    capacity: int
-    experts: int
-    hidden: int
-    k: int
-    kinds: list[str]
-    renormalize: bool
-    timeout_s: float
-    seed: int
-
-
-@dataclasses.dataclass(frozen=True)
-class RankCase:
-    name: str
-    rows: list[int]
-    counts: list[int]
-
-
-_COUNT = re.compile(r"^\s*(?:(-?\d+)|T\s*(?:([-+/])\s*(\d+))?)\s*$")
-
-
-def resolve_count(expr: str, rows: int) -> int:
-    """A count written as an int or an expression of T ("T", "T-1", "T+3", "T/2") -> an int."""
-    match = _COUNT.match(expr)
-    if match is None:
-        raise ValueError(f"count {expr!r}: expected an integer or T, T-n, T+n, T/n")
-    if match.group(1) is not None:
-        return int(match.group(1))
-    op, amount = match.group(2), match.group(3)
-    if op is None:
-        return rows
-    amount = int(amount)
-    return {"-": rows - amount, "+": rows + amount, "/": rows // amount}[op]
-
-
-def count_label(count: int) -> str:
-    """`n7`, `n0`, `nminus1`: a count in a case name."""
-    return f"n{count}" if count >= 0 else f"nminus{-count}"
-
-
-def _load_cases() -> dict[str, Any]:
-    cases = load_case_file(
-        CASE_FILE,
-        {
-            "tolerances": Table(Tolerance, keyed=True),
-            "kind": Table(Kind),
-            "groups": Table(Groups),
-            "grid": Table(GridSpec, many=False),
-            "edge": Table(EdgeCase),
-            "pad": Table(PadSpec, many=False),
-            "replay": Table(ReplaySpec, many=False),
-            "batch": Table(BatchSpec, many=False),
-            "load": Table(LoadSpec, many=False),
-            "rank": Table(RankSpec, many=False),
-            "rank_case": Table(RankCase),
-        },
-    )
-    _check_cross_references(cases)
-    return cases
-
-
-def _check_cross_references(cases: dict[str, Any]) -> None:
-    """What the per-table types cannot say: names that must exist, groups that must cover (E, k)."""
-    label = str(case_path(CASE_FILE))
-    for name in ("weights", "golden", "exact"):
-        if name not in cases["tolerances"]:
-            raise CaseFileError(f"{label}: table [tolerances.{name}]: missing")
-    kinds = {kind.name: kind for kind in cases["kind"]}
-    for table in ("grid", "pad", "replay", "batch", "rank"):
-        for name in cases[table].kinds:
-            if name not in kinds:
-                raise CaseFileError(f"{label}: table [{table}] key 'kinds': unknown kind {name!r}; known: {sorted(kinds)}")
-    if cases["load"].kind not in kinds:
-        raise CaseFileError(f"{label}: table [load] key 'kind': unknown kind {cases['load'].kind!r}")
-    seen: dict[tuple[int, int], str] = {}
-    for groups in cases["groups"]:
-        for k in groups.k:
-            where = f"{label}: table [groups] case {groups.name!r}"
-            if (groups.experts, k) in seen:
-                raise CaseFileError(f"{where}: (E={groups.experts}, k={k}) already given by {seen[groups.experts, k]!r}")
-            if groups.experts % groups.num_expert_group or not 1 <= groups.topk_group <= groups.num_expert_group:
-                raise CaseFileError(f"{where}: E={groups.experts} must split into num_expert_group equal groups, 1 <= topk_group <= groups")
-            if k > groups.topk_group * groups.experts // groups.num_expert_group:
-                raise CaseFileError(f"{where}: k={k} exceeds the {groups.topk_group * groups.experts // groups.num_expert_group} experts left in the kept groups")
-            seen[groups.experts, k] = groups.name
-    grid = cases["grid"]
-    needed = [(e, k) for e in grid.experts for k in grid.k] if any(kinds[n].grouped for n in grid.kinds) else []
-    for table in ("pad", "replay", "batch", "rank"):
-        spec = cases[table]
-        if any(kinds[n].grouped for n in spec.kinds):
-            needed.append((spec.experts, spec.k))
-    if kinds[cases["load"].kind].grouped:
-        needed.append((cases["load"].experts, cases["load"].k))
-    for experts, k in needed:
-        if (experts, k) not in seen:
-            raise CaseFileError(f"{label}: table [groups]: no row for E={experts}, k={k} (a grouped case routes it)")
-
-
-CASES = _load_cases()
-KINDS: dict[str, Kind] = {kind.name: kind for kind in CASES["kind"]}
-TOL_WEIGHTS: Tolerance = CASES["tolerances"]["weights"]
-TOL_GOLDEN: Tolerance = CASES["tolerances"]["golden"]
-TOL_EXACT: Tolerance = CASES["tolerances"]["exact"]
-
-
-def group_params(experts: int, k: int) -> tuple[int, int]:
-    for groups in CASES["groups"]:
-        if groups.experts == experts and k in groups.k:
-            return groups.num_expert_group, groups.topk_group
-    raise CaseFileError(f"{case_path(CASE_FILE)}: table [groups]: no row for E={experts}, k={k}")
+from suites.routing_cases import (
+    CASE_FILE,
+    CASES,
+    DTYPES,
+    KINDS,
+    TOL_EXACT,
+    TOL_GOLDEN,
+    TOL_WEIGHTS,
+    BatchSpec,
+    EdgeCase,
+    GridSpec,
+    Kind,
+    LoadSpec,
+    PadSpec,
+    ReplaySpec,
+    count_label,
+    group_params,
+    resolve_count,
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,10 +148,12 @@ def unpack(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return result[0], result[1]
 
 
-def contract_violations(result: Any, rows: int, width: int, num_experts: int) -> list[str]:
-    """R4/R5/R7 and §9 family 11: a named pair (weights, ids), int32 ids, fp32 weights, shape
-    [T, k+S]; weights finite and >= 0, 0 on -1 slots; ids -1 or in [0, E+S), distinct per row."""
+def contract_violations(result: Any, rows: int, k: int, num_shared: int, num_experts: int) -> list[str]:
+    """R4/R5/R7 and §9 families 10-11: a named pair (weights, ids), int32 ids, fp32 weights, shape
+    [T, k+S]; weights finite and >= 0, 0 on -1 slots; routed ids -1 or in [0, E) and distinct per
+    row; shared column i holds -1 or E + i."""
     problems = []
+    width = k + num_shared
     fields = getattr(result, "_fields", None)
     if fields != ("weights", "ids"):
         problems.append(f"result is not the named pair (weights, ids): fields {fields}")
@@ -385,25 +166,25 @@ def contract_violations(result: Any, rows: int, width: int, num_experts: int) ->
     if not weights.is_floating_point() or ids.is_floating_point():
         return problems
     w, i = weights.detach().cpu(), ids.detach().cpu().to(torch.int64)
-    bad_weight = ~torch.isfinite(w) | (w < 0)
-    if bad_weight.any():
-        problems.append(f"{int(bad_weight.sum())} weights non-finite or negative (first row {int(bad_weight.any(1).nonzero()[0, 0])})")
-    weighted_hole = (i < 0) & (w != 0)
-    if weighted_hole.any():
-        problems.append(f"{int(weighted_hole.sum())} -1 slots carry weight")
-    out_of_range = (i < -1) | (i >= num_experts + width)
-    if out_of_range.any():
-        problems.append(f"{int(out_of_range.sum())} ids outside -1 / [0, E+S) (first row {int(out_of_range.any(1).nonzero()[0, 0])})")
-    ordered = torch.sort(i, dim=1).values
-    duplicate = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
-    if duplicate.any():
-        problems.append(f"{int(duplicate.any(1).sum())} rows repeat an id (first row {int(duplicate.any(1).nonzero()[0, 0])})")
+
+    def count(bad: torch.Tensor, what: str) -> None:
+        if bad.any():
+            problems.append(f"{int(bad.sum())} {what} (first row {int(bad.reshape(rows, -1).any(1).nonzero()[0, 0])})")
+
+    count(~torch.isfinite(w) | (w < 0), "weights non-finite or negative")
+    count((i < 0) & (w != 0), "-1 slots carry weight")
+    routed = i[:, :k]
+    count((routed < -1) | (routed >= num_experts), "routed ids outside -1 / [0, E)")
+    shared_ids = num_experts + torch.arange(num_shared, dtype=torch.int64)
+    count((i[:, k:] != -1) & (i[:, k:] != shared_ids), "shared slots neither -1 nor E + i")
+    ordered = torch.sort(routed, dim=1).values
+    count(((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(1), "rows repeat a routed id")
     return problems
 
 
-def contract_row(case: str, result: Any, rows: int, width: int, num_experts: int, site: str = "") -> Row:
-    problems = contract_violations(result, rows, width, num_experts)
-    return Row(case, "contract_violations", len(problems), FAIL if problems else PASS, 0, "; ".join(problems) or "ok", site)
+def contract_row(case: str, result: Any, rows: int, k: int, num_shared: int, num_experts: int) -> Row:
+    problems = contract_violations(result, rows, k, num_shared, num_experts)
+    return Row(case, "contract_violations", len(problems), FAIL if problems else PASS, 0, "; ".join(problems) or "ok")
 
 
 def differing_rows(ref_ids: torch.Tensor, cand_ids: torch.Tensor) -> torch.Tensor:
@@ -413,7 +194,7 @@ def differing_rows(ref_ids: torch.Tensor, cand_ids: torch.Tensor) -> torch.Tenso
     return (ref_ids.detach().cpu().to(torch.int64) != cand_ids.detach().cpu().to(torch.int64)).any(dim=1).nonzero().flatten()
 
 
-def _rows_text(rows: torch.Tensor, limit: int = 8) -> str:
+def rows_text(rows: torch.Tensor, limit: int = 8) -> str:
     shown = ", ".join(str(int(r)) for r in rows[:limit])
     return shown + (f", ... ({rows.numel()} rows)" if rows.numel() > limit else "")
 
@@ -425,7 +206,7 @@ def ids_row(case: str, ref_ids: torch.Tensor, cand_ids: torch.Tensor, *, site: s
         return Row(case, "ids_mismatch", 0, PASS, 0, f"ids equal to the {what} ({ref_ids.shape[0]} rows)", site)
     first = int(rows[0])
     detail = (
-        f"{rows.numel()}/{ref_ids.shape[0]} rows differ from the {what}: rows {_rows_text(rows)}; "
+        f"{rows.numel()}/{ref_ids.shape[0]} rows differ from the {what}: rows {rows_text(rows)}; "
         f"row {first}: {what} {ref_ids[first].tolist()} vs target {cand_ids[first].tolist()}"
     )
     return Row(case, "ids_mismatch", int(rows.numel()), FAIL, 0, detail, site)
@@ -591,8 +372,7 @@ def grid_rows(router: Any, point: GridPoint, device: torch.device, seed: int) ->
     ref_w, ref_ids = truth.reference.weights[: point.rows], truth.reference.ids[: point.rows]
     golden_w = truth.golden.weights[: point.rows]
     result = router.select_experts(logits, point.k, **truth.options)
-    width = point.k + KINDS[point.kind].num_shared_experts
-    rows = [contract_row(point.name, result, point.rows, width, point.experts)]
+    rows = [contract_row(point.name, result, point.rows, point.k, KINDS[point.kind].num_shared_experts, point.experts)]
     cand_w, cand_ids = unpack(result)
     if tuple(cand_ids.shape) != tuple(ref_ids.shape) or tuple(cand_w.shape) != tuple(ref_w.shape):
         return rows  # the contract row says which shape is wrong; nothing else is comparable
@@ -651,7 +431,7 @@ def edge_rows(router: Any, case: EdgeCase, dtype: str, device: torch.device) -> 
         raise CaseFileError(f"{case_path(CASE_FILE)}: table [edge] case {case.name!r}: expected_ids shape {tuple(expected.shape)}, rows x (k + S) is {(logits.shape[0], width)}")
     result = router.select_experts(logits, case.k, **options)
     truth = reference.select_experts(logits, case.k, **options)
-    rows = [contract_row(name, result, logits.shape[0], width, logits.shape[1])]
+    rows = [contract_row(name, result, logits.shape[0], case.k, case.num_shared_experts, logits.shape[1])]
     cand_w, cand_ids = unpack(result)
     if tuple(cand_ids.shape) != tuple(expected.shape):
         return rows
@@ -697,7 +477,7 @@ def pad_rows(router: Any, point: PadPoint, device: torch.device, seed: int) -> l
     width = spec.k + kind.num_shared_experts
 
     result = router.select_experts(logits, spec.k, num_valid_rows=count_tensor(count, device), **options)
-    rows = [contract_row(name, result, rows_, width, spec.experts)]
+    rows = [contract_row(name, result, rows_, spec.k, kind.num_shared_experts, spec.experts)]
     weights, ids = unpack(result)
     if tuple(ids.shape) != (rows_, width):
         return rows
@@ -706,7 +486,7 @@ def pad_rows(router: Any, point: PadPoint, device: torch.device, seed: int) -> l
     detail = f"{rows_ - real} pad rows (count {count}, {point.fill} logits)"
     if routed_pads.numel():
         first = int(routed_pads[0])
-        detail += f"; routed: rows {_rows_text(routed_pads)}; row {first}: ids {ids[first].tolist()} weights {weights[first].tolist()}"
+        detail += f"; routed: rows {rows_text(routed_pads)}; row {first}: ids {ids[first].tolist()} weights {weights[first].tolist()}"
     rows.append(Row(name, "pad_routes", int(routed_pads.numel()), FAIL if routed_pads.numel() else PASS, 0, detail, "pad_rows"))
 
     unpadded = router.select_experts(logits[:real].clone(), spec.k, **options)
@@ -868,185 +648,3 @@ def load_rows(router: Any, rows_: int, replicas: int, count: int, device: torch.
         changed = int((physical.detach().cpu()[holes] != -1).sum())
         rows.append(Row(name, "minus_one_changed", changed, FAIL if changed else PASS, 0, f"{int(holes.sum())} -1 ids must pass through unchanged", site))
     return rows
-
-
-# ---------------------------------------------------------------------------------------------
-# rank- : route on the rank that owns the rows, then gather (2 spawned processes)
-# ---------------------------------------------------------------------------------------------
-
-WORLD_SIZE = 2
-GATHERED_FIELDS = ("hidden", "weights", "ids", "counts")
-# NVLink multicast must stay off on the lent machines (NCCL NVLS, symmetric-memory multicast).
-CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
-
-
-@dataclasses.dataclass(frozen=True)
-class RankJob:
-    """What a spawned rank needs: the target spec (loaded again in the child), where to meet, where to write."""
-
-    target: str
-    backend: Literal["gloo", "nccl"]
-    init_file: str
-    out_dir: str
-    seed: int
-    timeout_s: float
-
-
-def rank_case_names() -> list[tuple[RankCase, str]]:
-    return [(case, kind) for case in CASES["rank_case"] for kind in CASES["rank"].kinds]
-
-
-def rank_case_name(case: RankCase, kind: str) -> str:
-    return f"rank-{kind}-{case.name}"
-
-
-def rank_inputs(case: RankCase, kind_name: str, rank: int, device: torch.device, seed: int) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, Any]]:
-    """This rank's hidden rows, logits (every third row integer-valued; rows past the count NaN),
-    its count and the routing options: the same on every process for the same arguments."""
-    spec: RankSpec = CASES["rank"]
-    kind = KINDS[kind_name]
-    rows, count = case.rows[rank], case.counts[rank]
-    gen = generator(seed, rank, rows, count + 10)
-    hidden = torch.randn(rows, spec.hidden, generator=gen)
-    logits = 2.0 * torch.randn(rows, spec.experts, generator=gen)
-    logits[::3] = logits[::3].round()
-    fill_pad_rows(logits, min(max(count, 0), rows), "nan", gen)
-    options = routing_options(kind, spec.experts, spec.k, spec.renormalize, make_bias(kind, spec.experts, seed, device))
-    return hidden.to(device), logits.to(device), count, options
-
-
-def _to_cpu(gathered: Any) -> dict[str, torch.Tensor]:
-    return {field: getattr(gathered, field).detach().cpu() for field in GATHERED_FIELDS}
-
-
-def rank_worker(rank: int, job: RankJob) -> None:
-    """One rank: route every rank- case both ways through the target's adapter, save to out_dir."""
-    from parity.target import load_target
-
-    torch.set_num_threads(1)
-    device = torch.device("cuda", rank) if job.backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        job.backend, init_method=f"file://{job.init_file}", rank=rank, world_size=WORLD_SIZE,
-        timeout=datetime.timedelta(seconds=job.timeout_s),
-    )
-    results: dict[str, Any] = {}
-    try:
-        router = load_target(job.target).router()
-        spec: RankSpec = CASES["rank"]
-        for case, kind in rank_case_names():
-            hidden, logits, count, options = rank_inputs(case, kind, rank, device, job.seed)
-            try:
-                both = {}
-                for path in ("route_then_gather", "gather_then_route"):
-                    gathered = getattr(router, path)(hidden, logits, count_tensor(count, device), spec.k, capacity=spec.capacity, **options)
-                    both[path] = _to_cpu(gathered)
-                results[rank_case_name(case, kind)] = both
-            except Exception as error:  # recorded per case; a failed collective ends the loop
-                results[rank_case_name(case, kind)] = {"error": f"rank {rank}: {type(error).__name__}: {error}"}
-                break
-    finally:
-        torch.save(results, Path(job.out_dir) / f"rank{rank}.pt")
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for processes started inside (spawned children copy os.environ)."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def choose_backend(device: torch.device) -> tuple[Literal["gloo", "nccl"], str]:
-    """NCCL on CUDA with >= 2 GPUs; gloo on CPU tensors otherwise (and say why)."""
-    if device.type == "cuda":
-        gpus = torch.cuda.device_count()
-        if gpus >= WORLD_SIZE:
-            return "nccl", f"nccl on cuda:0, cuda:1 ({gpus} GPUs; NVLS and symmetric-memory multicast off)"
-        return "gloo", f"gloo on CPU tensors: {gpus} CUDA device(s), NCCL needs {WORLD_SIZE}"
-    return "gloo", "gloo on CPU tensors"
-
-
-def run_ranks(job: RankJob) -> dict[int, dict[str, Any]]:
-    """Spawn the ranks, wait (at most job.timeout_s + 30 s), return each rank's saved results."""
-    with _environment(CHILD_ENV):
-        context = mp.start_processes(rank_worker, args=(job,), nprocs=WORLD_SIZE, join=False, start_method="spawn")
-    deadline = time.monotonic() + job.timeout_s + 30.0
-    while not context.join(timeout=0.5):
-        if time.monotonic() > deadline:
-            for process in context.processes:  # only the processes started above
-                if process.is_alive():
-                    process.terminate()
-            raise TimeoutError(f"rank workers did not finish within {job.timeout_s + 30.0:.0f} s ({job.backend})")
-    return {rank: torch.load(Path(job.out_dir) / f"rank{rank}.pt") for rank in range(WORLD_SIZE)}
-
-
-def expected_gather(case: RankCase, kind: str, seed: int) -> dict[str, torch.Tensor]:
-    """The truth: each rank's rows routed by the reference with its own count, laid out rank-major
-    at `capacity` rows a rank, pad rows -1 / 0; plus which gathered rows are real."""
-    spec: RankSpec = CASES["rank"]
-    blocks = {"hidden": [], "weights": [], "ids": [], "real": []}
-    counts = []
-    for rank in range(WORLD_SIZE):
-        hidden, logits, count, options = rank_inputs(case, kind, rank, torch.device("cpu"), seed)
-        real = min(max(count, 0), logits.shape[0])
-        routed = reference.select_experts(logits, spec.k, num_valid_rows=count, **options)
-        pad = spec.capacity - logits.shape[0]
-        width = routed.ids.shape[1]
-        blocks["hidden"].append(torch.cat([hidden, torch.zeros(pad, spec.hidden)]))
-        blocks["weights"].append(torch.cat([routed.weights, torch.zeros(pad, width)]))
-        blocks["ids"].append(torch.cat([routed.ids, torch.full((pad, width), -1, dtype=torch.int32)]))
-        blocks["real"].append(torch.arange(spec.capacity) < real)
-        counts.append(real)
-    expected = {key: torch.cat(parts) for key, parts in blocks.items()}
-    expected["counts"] = torch.tensor(counts, dtype=torch.int64)
-    return expected
-
-
-def rank_rows(case: RankCase, kind: str, results: dict[int, dict[str, Any]], seed: int, backend_note: str) -> list[Row]:
-    """route_then_gather == gather_then_route bit for bit; both equal the per-rank reference laid
-    out rank-major; rows stay aligned with their ids; counts gathered; both ranks agree."""
-    name = rank_case_name(case, kind)
-    errors = [results[rank].get(name, {}).get("error") for rank in range(WORLD_SIZE)]
-    missing = [rank for rank in range(WORLD_SIZE) if name not in results[rank]]
-    if any(errors) or missing:
-        text = "; ".join(e for e in errors if e) or f"ranks {missing} produced no result (an earlier case failed)"
-        return [Row(name, "rank_run", None, ERROR, None, f"{text} [{backend_note}]")]
-    expected = expected_gather(case, kind, seed)
-    real = expected["real"]
-    mine = results[0][name]
-    rows = []
-    note = f"[{backend_note}]"
-
-    disagree = [f"{path}.{field}" for path in mine for field in GATHERED_FIELDS
-                if not torch.equal(mine[path][field], results[1][name][path][field])]
-    rows.append(Row(name, "ranks_disagree", len(disagree), FAIL if disagree else PASS, 0,
-                    f"rank 0 vs rank 1 gathered tensors: {', '.join(disagree) or 'identical'} {note}"))
-    before, after = mine["route_then_gather"], mine["gather_then_route"]
-    rows.append(ids_row(name, before["ids"], after["ids"], site="gather_then_route", what="route_then_gather result"))
-    rows.append(weights_row(name, before["weights"], after["weights"], TOL_EXACT, site="gather_then_route", note=note))
-    rows.append(ids_row(name, expected["ids"], before["ids"], site="reference", what="reference routed per rank"))
-    rows.append(weights_row(name, expected["weights"], before["weights"], TOL_WEIGHTS, site="reference", note=note))
-    for path, got in (("route_then_gather", before), ("gather_then_route", after)):
-        shape_ok = got["hidden"].shape == expected["hidden"].shape
-        misaligned = (got["hidden"][real] != expected["hidden"][real]).any(dim=1).nonzero().flatten() if shape_ok else torch.arange(int(real.sum()))
-        rows.append(Row(name, "rows_misaligned", int(misaligned.numel()), FAIL if misaligned.numel() else PASS, 0,
-                        f"real gathered rows whose hidden state is not the owner's row: {_rows_text(misaligned) or 'none'} {note}", path))
-        counts_ok = torch.equal(got["counts"].to(torch.int64).reshape(-1), expected["counts"])
-        rows.append(Row(name, "counts_mismatch", 0 if counts_ok else 1, PASS if counts_ok else FAIL, 0,
-                        f"gathered counts {got['counts'].tolist()} vs clamp(n_valid, 0, rows) {expected['counts'].tolist()} {note}", path))
-    return rows
-
-
-def missing_members(router: Any, members: Sequence[str]) -> list[str]:
-    """Adapter members a router lacks (the rank- cases need the optional distributed entry points)."""
-    return [member for member in members if not callable(getattr(router, member, None))]

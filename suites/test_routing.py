@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from suites.routing_support import CASES, GridPoint, grid_points, grid_rows, write_rows
+from suites.routing_cases import CASES
+from suites.routing_support import GridPoint, grid_points, grid_rows, write_rows
 
 pytestmark = pytest.mark.suite("routing")
 

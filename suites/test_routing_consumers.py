@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from suites.routing_support import CASES, load_name, load_points, load_rows, write_rows
+from suites.routing_cases import CASES
+from suites.routing_support import load_name, load_points, load_rows, write_rows
 
 pytestmark = pytest.mark.suite("routing")
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from suites.routing_support import CASES, EdgeCase, PadPoint, edge_cases, edge_rows, pad_points, pad_rows, write_rows
+from suites.routing_cases import CASES, EdgeCase
+from suites.routing_support import PadPoint, edge_cases, edge_rows, pad_points, pad_rows, write_rows
 
 pytestmark = pytest.mark.suite("routing")
 

@@ -14,7 +14,8 @@ import pytest
 
 from parity.runners import make_runner
 from suites.conftest import require_graph_support
-from suites.routing_support import CASES, batch_rows, replay_rows, write_rows
+from suites.routing_cases import CASES
+from suites.routing_support import batch_rows, replay_rows, write_rows
 
 pytestmark = pytest.mark.suite("routing")
 

@@ -12,16 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from suites.routing_support import (
-    CASES,
-    RankJob,
-    choose_backend,
-    missing_members,
-    rank_case_names,
-    rank_rows,
-    run_ranks,
-    write_rows,
-)
+from suites.routing_cases import CASES
+from suites.routing_ranks import RankJob, choose_backend, missing_members, rank_case_names, rank_rows, run_ranks
+from suites.routing_support import write_rows
 
 pytestmark = pytest.mark.suite("routing")
 

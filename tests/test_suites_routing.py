@@ -20,6 +20,8 @@ import pandas as pd
 import pytest
 import torch
 
+import suites.routing_cases as cases
+import suites.routing_ranks as ranks
 import suites.routing_support as support
 from parity.compare import ERROR, FAIL, PASS, TIE_FLIP
 from parity.runners import make_runner
@@ -111,11 +113,11 @@ def test_correct_targets_pass_the_same_selection(target: str, suite_runs: dict[s
 
 @pytest.mark.slow  # two spawned ranks
 def test_rank_check_catches_a_router_that_ignores_the_count(tmp_path: Path) -> None:
-    spec = support.CASES["rank"]
-    job = support.RankJob("suites.mutants_routing:serving_ignores_valid_rows", "gloo", str(tmp_path / "rendezvous"),
+    spec = cases.CASES["rank"]
+    job = ranks.RankJob("suites.mutants_routing:serving_ignores_valid_rows", "gloo", str(tmp_path / "rendezvous"),
                           str(tmp_path), spec.seed, spec.timeout_s)
-    results = support.run_ranks(job)
-    rows = [row for case, kind in support.rank_case_names() for row in support.rank_rows(case, kind, results, spec.seed, "gloo")]
+    results = ranks.run_ranks(job)
+    rows = [row for case, kind in ranks.rank_case_names() for row in ranks.rank_rows(case, kind, results, spec.seed, "gloo")]
     failed = {(row.metric, row.site) for row in rows if row.failed}
     # Routed before the gather, pads keep real routes; gathered first, they are masked afterwards.
     assert ("ids_mismatch", "gather_then_route") in failed and ("ids_mismatch", "reference") in failed, failed
@@ -254,7 +256,7 @@ def test_ties_toward_the_highest_id_fail_the_bf16_audit(monkeypatch) -> None:
 
 
 def test_edge_rows_catch_clamped_non_finite_logits() -> None:
-    case = next(case for case in support.CASES["edge"] if case.name == "nan-fewer-than-k-finite-E8-k4")
+    case = next(case for case in cases.CASES["edge"] if case.name == "nan-fewer-than-k-finite-E8-k4")
     assert not [row for row in support.edge_rows(ServingRouter(), case, "fp32", CPU) if row.failed]
     rows = support.edge_rows(NanToZero(), case, "fp32", CPU)
     assert FAIL in {row.verdict for row in rows if row.metric == "ids_mismatch" and row.site == "rule"}
@@ -320,17 +322,17 @@ def test_host_read_count_is_an_error_row_not_an_exception(monkeypatch) -> None:
 # ---- rank rows: the comparison logic on hand-made gathered results -------------------------------
 
 
-def gathered_results(case: support.RankCase, kind: str, seed: int) -> dict[int, dict]:
-    expected = support.expected_gather(case, kind, seed)
-    fields = {field: expected[field].clone() for field in support.GATHERED_FIELDS}
-    name = support.rank_case_name(case, kind)
+def gathered_results(case: ranks.RankCase, kind: str, seed: int) -> dict[int, dict]:
+    expected = ranks.expected_gather(case, kind, seed)
+    fields = {field: expected[field].clone() for field in ranks.GATHERED_FIELDS}
+    name = ranks.rank_case_name(case, kind)
     return {
         rank: {name: {path: {f: t.clone() for f, t in fields.items()} for path in ("route_then_gather", "gather_then_route")}}
-        for rank in range(support.WORLD_SIZE)
+        for rank in range(ranks.WORLD_SIZE)
     }
 
 
-RANK_CASE = support.CASES["rank_case"][0]
+RANK_CASE = cases.CASES["rank_case"][0]
 
 
 @pytest.mark.parametrize(
@@ -345,8 +347,8 @@ RANK_CASE = support.CASES["rank_case"][0]
 )
 def test_rank_rows_catch_broken_gathers(breakage: str, metric: str) -> None:
     results = gathered_results(RANK_CASE, "softmax", seed=3)
-    assert not [row for row in support.rank_rows(RANK_CASE, "softmax", results, 3, "test") if row.failed]
-    name = support.rank_case_name(RANK_CASE, "softmax")
+    assert not [row for row in ranks.rank_rows(RANK_CASE, "softmax", results, 3, "test") if row.failed]
+    name = ranks.rank_case_name(RANK_CASE, "softmax")
     got = results[0][name]["route_then_gather"]
     if breakage == "ids travel one row off their hidden rows":
         got["ids"] = torch.roll(got["ids"], 1, dims=0)
@@ -358,13 +360,13 @@ def test_rank_rows_catch_broken_gathers(breakage: str, metric: str) -> None:
         got["counts"] = torch.zeros_like(got["counts"])
     else:
         results[1][name]["route_then_gather"]["weights"] += 1.0
-    rows = support.rank_rows(RANK_CASE, "softmax", results, 3, "test")
+    rows = ranks.rank_rows(RANK_CASE, "softmax", results, 3, "test")
     assert FAIL in gate_verdicts(rows, metric), [row for row in rows if row.failed]
 
 
 def test_rank_rows_turn_a_worker_error_into_an_error_row() -> None:
-    name = support.rank_case_name(RANK_CASE, "grouped")
-    rows = support.rank_rows(RANK_CASE, "grouped", {0: {name: {"error": "rank 0: RuntimeError: boom"}}, 1: {}}, 3, "test")
+    name = ranks.rank_case_name(RANK_CASE, "grouped")
+    rows = ranks.rank_rows(RANK_CASE, "grouped", {0: {name: {"error": "rank 0: RuntimeError: boom"}}, 1: {}}, 3, "test")
     assert [(row.metric, row.verdict) for row in rows] == [("rank_run", ERROR)] and "boom" in rows[0].detail
 
 
@@ -372,17 +374,17 @@ def test_rank_rows_turn_a_worker_error_into_an_error_row() -> None:
 
 
 def test_counts_resolve_from_expressions_of_t() -> None:
-    assert [support.resolve_count(e, 16) for e in ["0", "1", "T-1", "T", "T+3", "-1", "T/2"]] == [0, 1, 15, 16, 19, -1, 8]
+    assert [cases.resolve_count(e, 16) for e in ["0", "1", "T-1", "T", "T+3", "-1", "T/2"]] == [0, 1, 15, 16, 19, -1, 8]
     with pytest.raises(ValueError, match="expected an integer or T"):
-        support.resolve_count("half", 16)
+        cases.resolve_count("half", 16)
 
 
 def test_grid_has_512_points_and_every_grouped_point_has_groups() -> None:
     points = support.grid_points()
     assert len(points) == 512 and len({point.name for point in points}) == 512
     for point in points:
-        if support.KINDS[point.kind].grouped:
-            groups, keep = support.group_params(point.experts, point.k)
+        if cases.KINDS[point.kind].grouped:
+            groups, keep = cases.group_params(point.experts, point.k)
             assert point.k <= keep * point.experts // groups
 
 
@@ -400,5 +402,5 @@ def test_a_malformed_case_file_names_the_table(old: str, new: str, message: str,
     assert old in text
     (tmp_path / "routing.toml").write_text(text.replace(old, new))
     monkeypatch.setenv("PARITY_CASES_DIR", str(tmp_path))
-    with pytest.raises(support.CaseFileError, match=message):
-        support._load_cases()
+    with pytest.raises(cases.CaseFileError, match=message):
+        cases._load_cases()
