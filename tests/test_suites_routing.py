@@ -268,6 +268,13 @@ def test_batch_check_catches_a_batch_dependent_router() -> None:
     assert FAIL in gate_verdicts(rows, "weight_max_abs")
 
 
+def test_pad_check_compares_real_rows_with_an_unpadded_run() -> None:
+    point = support.PadPoint("softmax", "T-1", "garbage")
+    assert not [row for row in support.pad_rows(ServingRouter(), point, CPU, seed=1) if row.failed]
+    rows = support.pad_rows(BatchShifted(), point, CPU, seed=1)  # real rows depend on the batch
+    assert FAIL in {row.verdict for row in rows if row.site == "unpadded"}
+
+
 def test_load_check_catches_a_counter_that_counts_pads_and_a_remap_without_guard() -> None:
     assert not [row for row in support.load_rows(ServingRouter(), 17, 2, 9, CPU, seed=1) if row.failed]
     rows = support.load_rows(LoadIgnoresCount(), 17, 2, 9, CPU, seed=1)
