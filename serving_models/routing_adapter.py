@@ -24,6 +24,19 @@ a Protocol). An adapter object has:
         row_choice[r] mod replicas(e); -1 and ids outside [0, E) pass through.
     expert_load(ids [T, K], num_valid_rows, num_physical) -> int64 [num_physical]
         routes per physical expert, ids in [0, num_physical) on rows < n_valid only.
+    supports_capture: bool          # False: graph modes do not apply (the reference reads on the host)
+
+Optional, for the multi-rank check (the `rank-` cases skip a router without them); each runs
+inside an initialised `torch.distributed` process group and returns an object with `hidden
+[W*C, H]`, `weights [W*C, k+S]`, `ids [W*C, k+S]`, `counts [W]` (rank-major, `capacity` rows a
+rank, pad rows -1 / 0):
+
+    route_then_gather(local_hidden [T, H], local_logits [T, E], local_n_valid, k, *, capacity,
+                      group=None, **select_experts options)
+        route this rank's rows with its own device-side count, then gather rows with their ids
+        and weights (ROCm/ATOM#2725).
+    gather_then_route(same arguments)
+        gather the raw rows and counts, route every gathered row, mask each rank's pad rows.
 
 The serving implementation is graph-safe: no host reads, static shapes. Factory: `make_router()`.
 """
@@ -32,13 +45,14 @@ from __future__ import annotations
 
 import torch
 
-from serving_models import moe_experts, routing
+from serving_models import moe_experts, routing, routing_distributed
 
 
 class ServingRouter:
     """Graph-safe router of the serving target."""
 
     name = "serving"
+    supports_capture = True
     RoutingResult = routing.RoutingResult
     SwiGLUExperts = moe_experts.SwiGLUExperts
 
@@ -76,6 +90,18 @@ class ServingRouter:
 
     def expert_load(self, ids: torch.Tensor, num_valid_rows: torch.Tensor | None, num_physical: int) -> torch.Tensor:
         return routing.expert_load(ids, num_valid_rows, num_physical)
+
+    def route_then_gather(self, local_hidden: torch.Tensor, local_logits: torch.Tensor, local_n_valid: torch.Tensor,
+                          k: int, *, capacity: int, group=None, **options) -> routing_distributed.GatheredRoutes:
+        return routing_distributed.route_then_gather(
+            local_hidden, local_logits, local_n_valid, k, capacity=capacity, group=group, **options
+        )
+
+    def gather_then_route(self, local_hidden: torch.Tensor, local_logits: torch.Tensor, local_n_valid: torch.Tensor,
+                          k: int, *, capacity: int, group=None, **options) -> routing_distributed.GatheredRoutes:
+        return routing_distributed.gather_then_route(
+            local_hidden, local_logits, local_n_valid, k, capacity=capacity, group=group, **options
+        )
 
 
 def make_router() -> ServingRouter:
