@@ -280,3 +280,30 @@ def _rmsnorm_eps() -> None:
         original(self, hidden_size, 1e-5, *args, **kwargs)
 
     ar.RMSNorm.__init__ = __init__
+
+
+# ---------------------------------------------------------------------------------------------
+# MoE routing (seed 003: ROCm/ATOM#2725, aiter#6916); factories in suites/mutants_routing.py
+# ---------------------------------------------------------------------------------------------
+
+external(
+    "router-ignores-num-valid-rows",
+    defect="the router ignores num_valid_rows: pad rows are dispatched to real experts (vllm#50757)",
+    suite="routing",
+    tests=("suites/test_routing_edges.py", "-k", "pad-"),
+    target="suites.mutants_routing:serving_ignores_valid_rows",
+)
+external(
+    "router-ties-to-highest-id",
+    defect="ties broken toward the highest expert id (AITER Triton routing's packed key)",
+    suite="routing",
+    tests=("suites/test_routing_edges.py", "-k", "tie-"),
+    target="suites.mutants_routing:serving_ties_to_highest_id",
+)
+external(
+    "router-reads-count-on-host",
+    defect="the router reads the valid-row count on the host: capture fails, or a replay keeps the captured count",
+    suite="routing",
+    tests=("suites/test_routing_invariance.py", "-k", "replay"),
+    target="suites.mutants_routing:serving_count_on_host",
+)

@@ -181,6 +181,7 @@ def _load_cases() -> dict[str, Any]:
             "kind": Table(Kind),
             "groups": Table(Groups),
             "grid": Table(GridSpec, many=False),
+            "grid_serving_scale": Table(GridSpec, many=False),
             "edge": Table(EdgeCase),
             "pad": Table(PadSpec, many=False),
             "replay": Table(ReplaySpec, many=False),
@@ -218,8 +219,14 @@ def _check_cross_references(cases: dict[str, Any]) -> None:
             if k > groups.topk_group * groups.experts // groups.num_expert_group:
                 raise CaseFileError(f"{where}: k={k} exceeds the {groups.topk_group * groups.experts // groups.num_expert_group} experts left in the kept groups")
             seen[groups.experts, k] = groups.name
-    grid = cases["grid"]
-    needed = [(e, k) for e in grid.experts for k in grid.k] if any(kinds[n].grouped for n in grid.kinds) else []
+    needed = []
+    for table in ("grid", "grid_serving_scale"):
+        grid = cases[table]
+        for name in grid.kinds:
+            if name not in kinds:
+                raise CaseFileError(f"{label}: table [{table}] key 'kinds': unknown kind {name!r}; known: {sorted(kinds)}")
+        if any(kinds[n].grouped for n in grid.kinds):
+            needed += [(e, k) for e in grid.experts for k in grid.k]
     for table in ("pad", "replay", "batch", "rank"):
         spec = cases[table]
         if any(kinds[n].grouped for n in spec.kinds):

@@ -316,17 +316,19 @@ class GridPoint:
     rows: int
     dtype: str
     renormalize: bool
+    table: str = "grid"  # "grid_serving_scale": the full-size lane's points
 
     @property
     def name(self) -> str:
         renorm = "renorm" if self.renormalize else "norenorm"
-        return f"grid-{self.kind}-E{self.experts}-k{self.k}-T{self.rows}-{self.dtype}-{renorm}"
+        scale = "-serving-scale" if self.table == "grid_serving_scale" else ""
+        return f"grid{scale}-{self.kind}-E{self.experts}-k{self.k}-T{self.rows}-{self.dtype}-{renorm}"
 
 
-def grid_points() -> list[GridPoint]:
-    grid: GridSpec = CASES["grid"]
+def grid_points(table: str = "grid") -> list[GridPoint]:
+    grid: GridSpec = CASES[table]
     return [
-        GridPoint(kind, experts, k, rows, dtype, renormalize)
+        GridPoint(kind, experts, k, rows, dtype, renormalize, table)
         for kind in grid.kinds
         for experts in grid.experts
         for k in grid.k
@@ -347,10 +349,12 @@ class GridTruth:
 
 
 @functools.lru_cache(maxsize=4)
-def grid_truth(kind_name: str, experts: int, k: int, dtype: str, renormalize: bool, device: str, seed: int) -> GridTruth:
+def grid_truth(
+    kind_name: str, experts: int, k: int, dtype: str, renormalize: bool, device: str, seed: int, table: str = "grid"
+) -> GridTruth:
     """Reference and golden routes of the largest T once; smaller T take the first rows (the
     reference routes row by row, so a row's answer does not depend on the rows around it)."""
-    grid: GridSpec = CASES["grid"]
+    grid: GridSpec = CASES[table]
     kind = KINDS[kind_name]
     torch_device = torch.device(device)
     logits32 = grid.logit_std * torch.randn(max(grid.rows), experts, generator=generator(seed, experts))
@@ -366,8 +370,8 @@ def grid_truth(kind_name: str, experts: int, k: int, dtype: str, renormalize: bo
 
 def grid_rows(router: Any, point: GridPoint, device: torch.device, seed: int) -> list[Row]:
     """ids (exact on fp32, audited on bf16), weights vs the reference and vs the fp64 golden, contract."""
-    grid: GridSpec = CASES["grid"]
-    truth = grid_truth(point.kind, point.experts, point.k, point.dtype, point.renormalize, str(device), seed)
+    grid: GridSpec = CASES[point.table]
+    truth = grid_truth(point.kind, point.experts, point.k, point.dtype, point.renormalize, str(device), seed, point.table)
     logits = truth.logits[: point.rows].clone()
     ref_w, ref_ids = truth.reference.weights[: point.rows], truth.reference.ids[: point.rows]
     golden_w = truth.golden.weights[: point.rows]

@@ -18,9 +18,12 @@ from suites.routing_support import GridPoint, grid_points, grid_rows, write_rows
 pytestmark = pytest.mark.suite("routing")
 
 POINTS = grid_points()
+SERVING_SCALE = grid_points("grid_serving_scale")
 
 
-@pytest.mark.parametrize("point", POINTS, ids=[point.name for point in POINTS])
+@pytest.mark.parametrize("point", POINTS + SERVING_SCALE, ids=[point.name for point in POINTS + SERVING_SCALE])
 def test_grid(point: GridPoint, report, target, device, settings) -> None:
-    seed = CASES["grid"].seed + settings.seed
+    if point.table == "grid_serving_scale" and settings.size != "full":
+        pytest.skip("serving-scale routing points run in the full-size lane (--size full)")
+    seed = CASES[point.table].seed + settings.seed
     write_rows(report, grid_rows(target.router(), point, device, seed), seed=seed)
