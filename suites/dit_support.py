@@ -16,8 +16,10 @@ rule measures against. Suites never import `serving_models`: the target comes fr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +30,7 @@ from torch import nn
 from parity.cases import Table, load_case_file
 from parity.compare import Tolerance
 from parity.compile_watch import CompileLedger
+from parity.regional import compile_repeated_blocks
 from reference_models.checkpoints import make_checkpoint
 from reference_models.dit_adapter import ReferenceDiT
 from reference_models.dit_checkpoint import random_state_dict
@@ -340,6 +343,26 @@ def record_regional(report: Any, regional: Any, backend: str) -> bool:
         better="higher",
     )
     return regional.count >= 1
+
+
+@contextlib.contextmanager
+def compiled_for_comparison(report: Any, adapter: Any) -> Iterator[None]:
+    """Inside: the target's repeated blocks regionally compiled with Inductor (fullgraph, dynamic).
+
+    Writes the `regional_modules_compiled` row on entry and the `block_compiles` row on exit, and
+    puts the eager forwards back whatever happens."""
+    block = block_class()
+    codes = block_codes(adapter.module, block)
+    with CompileLedger() as ledger:
+        regional = compile_repeated_blocks(
+            adapter.module, dynamic=True, fullgraph=True, backend=COMPARE_BACKEND, ledger=ledger
+        )
+        try:
+            record_regional(report, regional, COMPARE_BACKEND)
+            yield
+        finally:
+            regional.restore()
+    record_block_compiles(report, ledger, codes, f"{block}.forward")
 
 
 def record_block_compiles(report: Any, ledger: CompileLedger, codes: list[Any], site: str) -> None:

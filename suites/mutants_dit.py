@@ -6,13 +6,16 @@ of existing submodules to a subclass); the shipped code in `serving_models/` is 
 Each stands for a defect of vllm-omni#7455 (seed 002) or a port error the DiT suites must catch,
 and names the suite and test that kill it (shown in `tests/test_suites_dit.py`).
 
-| factory | defect | killed by |
-|---|---|---|
-| `repeated_blocks_emptied` | `_repeated_blocks = []`: regional compile compiles nothing, runs eager | recompiles (regional row, warm-up counts); numerics and image compiled tests |
-| `empty_text_skip_in_block` | the skip moved back into the block as `if sequence_length == 0` | recompiles (new compile at the first text=0 point) |
-| `context_refiner_on_empty_text` | no empty-text skip at all | recompiles (new compile at the first text=0 point) |
-| `rope_theta_from_llm` | the DiT RoPE built with the LLM's theta 1e6 instead of 10000 | numerics (velocity and blocks vs reference); image vs reference |
-| `compiled_rope_rotate_half` | a compile-only RoPE path with the rotate-half layout | numerics (compiled vs eager); image (compiled vs eager) |
+- `repeated_blocks_emptied`: `_repeated_blocks = []`, regional compile compiles nothing and runs
+  eager. Killed by recompiles (regional row, warm-up counts) and by the compiled tests of numerics
+  and image (regional row, `block_compiles`).
+- `empty_text_skip_in_block`: the skip moved back into the block as `if sequence_length == 0`.
+  Killed by recompiles (a new compile at the first text=0 point).
+- `context_refiner_on_empty_text`: no empty-text skip at all. Killed by recompiles (same point).
+- `rope_theta_from_llm`: the DiT RoPE built with the LLM's theta 1e6 instead of 10000. Killed by
+  numerics (velocity and blocks vs reference) and image (serving vs reference).
+- `compiled_rope_rotate_half`: a compile-only attention path with the rotate-half RoPE layout.
+  Killed by numerics (compiled vs eager) and image (compiled vs eager); eager parity is intact.
 """
 
 from __future__ import annotations

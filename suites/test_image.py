@@ -14,6 +14,7 @@ in the rows' detail.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +22,17 @@ import numpy as np
 import pytest
 
 from parity.compare import FAIL, PASS
-from parity.compile_watch import CompileLedger
 from parity.images import psnr, ssim, write_png
-from parity.regional import compile_repeated_blocks
 from suites.conftest import require_graph_support
 from suites.dit_support import (
-    COMPARE_BACKEND,
     DiTModels,
     ImageCase,
     ImageThreshold,
-    block_class,
-    block_codes,
     cases_for,
+    compiled_for_comparison,
     dit_models,  # noqa: F401  (session fixture)
     image_path,
     image_threshold,
-    record_block_compiles,
-    record_regional,
     text_inputs,
 )
 
@@ -59,7 +54,11 @@ def generate(adapter: Any, models: DiTModels, case: ImageCase, seed_offset: int)
 
 
 def save(run_dir: Path, case: ImageCase, variant: str, image: np.ndarray) -> str:
-    path = write_png(image, image_path(run_dir, case.name, variant))
+    """Write the PNG (through a temporary file and a rename: both image tests write
+    `serving_eager.png`, possibly from two xdist workers) and return its path relative to the run."""
+    path = image_path(run_dir, case.name, variant)
+    partial = write_png(image, path.with_name(f"{path.stem}.{os.getpid()}.partial.png"))
+    os.replace(partial, path)
     return str(path.relative_to(run_dir))
 
 
@@ -115,7 +114,8 @@ def judge_pair(
         report.record(metric="ssim", value=s.value, threshold=threshold.ssim_min, verdict=PASS if ok else FAIL,
                       detail=f"{pair}; SSIM Gaussian sigma 1.5 over RGB (channel_axis=-1)", better="higher", **where)
     else:
-        report.info(metric="ssim", value=s.value, detail=f"{pair}; SSIM over RGB (channel_axis=-1)", better="higher", **where)
+        detail = f"{pair}; SSIM over RGB (channel_axis=-1)"
+        report.info(metric="ssim", value=s.value, detail=detail, better="higher", **where)
     if golden is None:
         return
     golden_image, golden_path = golden
@@ -170,24 +170,16 @@ def test_compiled_images_match_eager(dit_models: DiTModels, report, settings, ru
     eager = {case.name: generate(adapter, models, case, settings.seed) for case in cases}
     goldens = {case.name: golden_images.get(models, case, settings.seed, run_dir) for case in cases}
 
-    block = block_class()
-    codes = block_codes(adapter.module, block)
-    with CompileLedger() as ledger:
-        regional = compile_repeated_blocks(adapter.module, dynamic=True, fullgraph=True, backend=COMPARE_BACKEND, ledger=ledger)
-        try:
-            record_regional(report, regional, COMPARE_BACKEND)
-            for case in cases:
-                compiled = generate(adapter, models, case, settings.seed)
-                judge_pair(
-                    report,
-                    threshold,
-                    ("serving_eager", eager[case.name], save(run_dir, case, "serving_eager", eager[case.name])),
-                    ("serving_compiled", compiled, save(run_dir, case, "serving_compiled", compiled)),
-                    goldens[case.name],
-                    case=case.name,
-                    mode="compiled",
-                    seed=case.seed + settings.seed,
-                )
-        finally:
-            regional.restore()
-    record_block_compiles(report, ledger, codes, f"{block}.forward")
+    with compiled_for_comparison(report, adapter):
+        for case in cases:
+            compiled = generate(adapter, models, case, settings.seed)
+            judge_pair(
+                report,
+                threshold,
+                ("serving_eager", eager[case.name], save(run_dir, case, "serving_eager", eager[case.name])),
+                ("serving_compiled", compiled, save(run_dir, case, "serving_compiled", compiled)),
+                goldens[case.name],
+                case=case.name,
+                mode="compiled",
+                seed=case.seed + settings.seed,
+            )

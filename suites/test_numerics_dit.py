@@ -19,20 +19,14 @@ import pytest
 import torch
 
 from parity.compare import Tolerance, Verdict, diff, noise_floor_rule
-from parity.compile_watch import CompileLedger
-from parity.regional import compile_repeated_blocks
 from suites.conftest import require_graph_support
 from suites.dit_support import (
-    COMPARE_BACKEND,
     DiTModels,
-    block_class,
-    block_codes,
     cases_for,
+    compiled_for_comparison,
     dit_models,  # noqa: F401  (session fixture)
     forward,
-    record_block_compiles,
     record_block_outputs,
-    record_regional,
     tolerance,
     velocity_inputs,
 )
@@ -68,7 +62,8 @@ def judge(
 def _magnitude(report: Any, tensor: torch.Tensor, **where: Any) -> None:
     """|v| of the truth beside the diff: parity of near-zero outputs would be vacuous (spec 6.1)."""
     t = tensor.detach().double()
-    report.info(metric="ref_rms", value=float(t.pow(2).mean().sqrt()), detail=f"max |ref| {float(t.abs().max()):.4g}", **where)
+    rms, peak = float(t.pow(2).mean().sqrt()), float(t.abs().max())
+    report.info(metric="ref_rms", value=rms, detail=f"max |ref| {peak:.4g}", **where)
 
 
 def test_velocity_matches_reference(dit_models: DiTModels, report, settings) -> None:
@@ -120,7 +115,8 @@ def test_blocks_match_reference(dit_models: DiTModels, report, settings) -> None
                     value=None if cand_calls is None else len(cand_calls),
                     threshold=len(ref_calls),
                     verdict="fail",
-                    detail=f"{name}: the reference ran it {len(ref_calls)} times on non-empty input, the target: {found}",
+                    detail=f"{name}: the reference ran it {len(ref_calls)} times on non-empty input, "
+                    f"the target: {found}",
                     **where,
                 )
                 continue
@@ -130,7 +126,8 @@ def test_blocks_match_reference(dit_models: DiTModels, report, settings) -> None
 
 
 def test_compiled_velocity_matches_eager(dit_models: DiTModels, report, settings) -> None:
-    """Regional compile with Inductor (fullgraph, dynamic), one compile for all cases of the size."""
+    """Regional compile with Inductor (fullgraph, dynamic), one compile for all cases of the size;
+    eager outputs (and goldens) are taken first, on the same module."""
     models = dit_models
     adapter = models.target
     require_graph_support(adapter, "compiled")
@@ -146,16 +143,8 @@ def test_compiled_velocity_matches_eager(dit_models: DiTModels, report, settings
         golden = forward(models.golden, inputs) if models.half else None
         prepared.append((case, seed, inputs, forward(adapter, inputs), golden))
 
-    block = block_class()
-    codes = block_codes(adapter.module, block)
-    with CompileLedger() as ledger:
-        regional = compile_repeated_blocks(adapter.module, dynamic=True, fullgraph=True, backend=COMPARE_BACKEND, ledger=ledger)
-        try:
-            record_regional(report, regional, COMPARE_BACKEND)
-            for case, seed, inputs, eager, golden in prepared:
-                compiled = forward(adapter, inputs)
-                where = dict(case=case.name, site="velocity", mode="compiled", seed=seed)
-                judge(report, eager, compiled, golden, tol, name=f"compiled velocity {tuple(compiled.shape)}", **where)
-        finally:
-            regional.restore()
-    record_block_compiles(report, ledger, codes, f"{block}.forward")
+    with compiled_for_comparison(report, adapter):
+        for case, seed, inputs, eager, golden in prepared:
+            compiled = forward(adapter, inputs)
+            where = dict(case=case.name, site="velocity", mode="compiled", seed=seed)
+            judge(report, eager, compiled, golden, tol, name=f"compiled velocity {tuple(compiled.shape)}", **where)

@@ -22,6 +22,7 @@ recompile reasons in the detail; then `regional_modules_compiled`, `graph_breaks
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -39,6 +40,7 @@ from suites.dit_support import (
     block_codes,
     dit_models,  # noqa: F401  (session fixture)
     lattice_for,
+    record_regional,
     short_reason,
     text_inputs,
 )
@@ -46,19 +48,49 @@ from suites.dit_support import (
 pytestmark = pytest.mark.suite("recompiles")
 
 
-def block_events(ledger: CompileLedger, codes: list[Any]) -> list[CompileEvent]:
-    return [event for event in ledger.events if event.code in codes and event.kind in ("compile", "recompile")]
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One shape of the lattice: latent size, text length, CFG on or off."""
+
+    height: int
+    width: int
+    text_len: int
+    cfg: bool
+
+    @property
+    def name(self) -> str:
+        return f"latent={self.height}x{self.width},text={self.text_len},cfg={'on' if self.cfg else 'off'}"
 
 
-def point_name(height: int, width: int, text_len: int, cfg: bool) -> str:
-    return f"latent={height}x{width},text={text_len},cfg={'on' if cfg else 'off'}"
+def lattice_points(lattice: RecompileLattice) -> list[Point]:
+    return [
+        Point(h, w, text_len, cfg) for h, w in lattice.sizes for text_len in lattice.text_lengths for cfg in lattice.cfg
+    ]
 
 
-def run_point(adapter: Any, lattice: RecompileLattice, height: int, width: int, text_len: int, cfg: bool, seed: int) -> torch.Tensor:
-    """One sampler run of the target's pipeline at this shape (CFG on: conditional + empty-text call)."""
-    states, mask = text_inputs(adapter.config, [text_len], lattice.text_seed + seed)
-    guidance = lattice.guidance_scale if cfg else 1.0
-    return adapter.sample(states, mask, height, width, lattice.steps, guidance, (0.0, 1.0), lattice.noise_seed + seed)
+def run_point(adapter: Any, lattice: RecompileLattice, point: Point, seed: int = 0) -> torch.Tensor:
+    """The target's own pipeline at this shape: one sampler run (CFG on: the conditional call and
+    the zero-length-text unconditional call, as the target issues them); returns the latents."""
+    states, mask = text_inputs(adapter.config, [point.text_len], lattice.text_seed + seed)
+    guidance = lattice.guidance_scale if point.cfg else 1.0
+    return adapter.sample(
+        states, mask, point.height, point.width, lattice.steps, guidance, (0.0, 1.0), lattice.noise_seed + seed
+    )
+
+
+class BlockCompiles:
+    """The block's compiles since the previous `take()`, with what Dynamo said about each."""
+
+    def __init__(self, ledger: CompileLedger, codes: list[Any]) -> None:
+        self.ledger, self.codes = ledger, codes
+        self.total = self.events_seen = 0
+
+    def take(self) -> tuple[int, str]:
+        total = dit_support.count_block_compiles(self.ledger, self.codes)
+        new, self.total = total - self.total, total
+        events = [e for e in self.ledger.events if e.code in self.codes and e.kind in ("compile", "recompile")]
+        fresh, self.events_seen = events[self.events_seen :], len(events)
+        return new, describe_events(fresh)
 
 
 def describe_events(events: list[CompileEvent]) -> str:
@@ -69,8 +101,7 @@ def describe_events(events: list[CompileEvent]) -> str:
         if event.kind == "compile":
             parts.append(f"first compile of {event.label}")
         else:
-            reasons = "; ".join(short_reason(r) for r in event.reasons)
-            parts.append(f"recompile of {event.label}: {reasons}")
+            parts.append(f"recompile of {event.label}: " + "; ".join(short_reason(r) for r in event.reasons))
     return " || ".join(parts)
 
 
@@ -98,72 +129,48 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
     with CompileLedger() as ledger:
         regional = compile_repeated_blocks(model, dynamic=True, fullgraph=True, backend=lattice.backend, ledger=ledger)
         try:
-            (regional_row,) = regional.rows()
-            report.record(
-                case="regional-compile",
-                metric="regional_modules_compiled",
-                value=regional.count,
-                threshold=1,
-                verdict=regional_row["verdict"],
-                detail=f"{regional_row['detail']}; fullgraph=True dynamic=True backend={lattice.backend} "
-                f"({lattice.backend_reason})",
-                better="higher",
-            )
-            # Control frame: compiled on its own, run once in the first warm-up point. It must
+            record_regional(report, regional, f"{lattice.backend} ({lattice.backend_reason})")
+            # Control frame: compiled on its own and run in the first warm-up point. It must
             # compile (so the counter's per-code discrimination is exercised) and never count.
             control = torch.compile(adapter.decoder, dynamic=True, fullgraph=True, backend=lattice.backend)
-            control_code = type(adapter.decoder).forward.__code__
-
-            seen = 0
-            for i, point in enumerate(lattice.warmup):
-                events_before = len(block_events(ledger, codes))
-                latents = run_point(adapter, lattice, point.height, point.width, point.text_len, point.cfg, i)
+            counter = BlockCompiles(ledger, codes)
+            for i, warm in enumerate(lattice.warmup):
+                point = Point(warm.height, warm.width, warm.text_len, warm.cfg)
+                latents = run_point(adapter, lattice, point, seed=i)
                 if i == 0:
                     control(latents)
-                total = dit_support.count_block_compiles(ledger, codes)
-                new = total - seen
-                seen = total
-                events = block_events(ledger, codes)[events_before:]
-                case = point_name(point.height, point.width, point.text_len, point.cfg)
+                new, seen = counter.take()
                 report.record(
-                    case=case,
+                    case=point.name,
                     site=site,
                     metric="new_compiles",
                     value=new,
-                    threshold=point.expected_compiles,
-                    verdict=PASS if new == point.expected_compiles else FAIL,
-                    detail=f"warm-up: expected {point.expected_compiles} ({point.reason}); seen: {describe_events(events)}",
+                    threshold=warm.expected_compiles,
+                    verdict=PASS if new == warm.expected_compiles else FAIL,
+                    detail=f"warm-up: expected {warm.expected_compiles} ({warm.reason}); seen: {seen}",
                     better="equal",
                 )
-                report.info(case=case, site=site, metric="compiles", value=total, detail="cumulative", better="lower")
-
-            for h, w in lattice.sizes:
-                for text_len in lattice.text_lengths:
-                    for cfg in lattice.cfg:
-                        events_before = len(block_events(ledger, codes))
-                        run_point(adapter, lattice, h, w, text_len, cfg, 0)
-                        total = dit_support.count_block_compiles(ledger, codes)
-                        new = total - seen
-                        seen = total
-                        events = block_events(ledger, codes)[events_before:]
-                        case = point_name(h, w, text_len, cfg)
-                        report.record(
-                            case=case,
-                            site=site,
-                            metric="new_compiles",
-                            value=new,
-                            threshold=0,
-                            verdict=PASS if new == 0 else FAIL,
-                            detail=f"after warm-up: {describe_events(events)}",
-                        )
-                        report.info(case=case, site=site, metric="compiles", value=total, detail="cumulative", better="lower")
+                report.info(case=point.name, site=site, metric="compiles", value=counter.total, detail="cumulative")
+            for point in lattice_points(lattice):
+                run_point(adapter, lattice, point)
+                new, seen = counter.take()
+                report.record(
+                    case=point.name,
+                    site=site,
+                    metric="new_compiles",
+                    value=new,
+                    threshold=0,
+                    verdict=PASS if new == 0 else FAIL,
+                    detail=f"after warm-up: {seen}",
+                )
+                report.info(case=point.name, site=site, metric="compiles", value=counter.total, detail="cumulative")
         finally:
             regional.restore()
 
-    _summary_rows(report, ledger, codes, control_code, site)
+    _summary_rows(report, ledger, codes, type(adapter.decoder).forward.__code__, site)
 
 
-def _summary_rows(report, ledger: CompileLedger, codes: list[Any], control_code: Any, site: str) -> None:
+def _summary_rows(report: Any, ledger: CompileLedger, codes: list[Any], control_code: Any, site: str) -> None:
     report.case = "summary"
     breaks = ledger.graph_breaks()
     report.record(
@@ -175,19 +182,17 @@ def _summary_rows(report, ledger: CompileLedger, codes: list[Any], control_code:
         detail="; ".join(f"{n}x {reason}" for reason, n in breaks.items()) or "none (fullgraph=True)",
     )
     fallbacks = [fb for fb in ledger.eager_fallbacks() if fb.code in codes]
-    eager_calls = sum(fb.calls_since or 0 for fb in fallbacks)
     calls = sum(ledger.calls(code) for code in codes)
+    described = "; ".join(
+        f"{fb.label}: {fb.limit_type} hit at call {fb.hit_at_call}, {fb.calls_since} calls since" for fb in fallbacks
+    )
     report.record(
         site=site,
         metric="eager_fallback",
-        value=eager_calls,
+        value=sum(fb.calls_since or 0 for fb in fallbacks),
         threshold=0,
         verdict=PASS if not fallbacks else FAIL,
-        detail=(
-            "; ".join(f"{fb.label}: {fb.limit_type} hit at call {fb.hit_at_call}, {fb.calls_since} calls since" for fb in fallbacks)
-            if fallbacks
-            else f"no recompile limit hit; {calls} block calls went through the compiled forward"
-        ),
+        detail=described or f"no recompile limit hit; {calls} block calls went through the compiled forward",
     )
     control_compiles = ledger.compiles(control_code)
     report.record(
