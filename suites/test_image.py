@@ -42,14 +42,16 @@ DATA_RANGE = 255.0  # delivered uint8 images (practice.md section 6: declare it,
 
 
 def generate(adapter: Any, models: DiTModels, case: ImageCase, seed_offset: int) -> np.ndarray:
-    """One image `[H, W, 3]` uint8 from the adapter's own pipeline (sample with CFG, decode)."""
+    """One image `[H, W, 3]` uint8 from the adapter's own pipeline (sample with CFG, then decode)."""
     states, mask = text_inputs(models.config, [case.text_len], case.text_seed + seed_offset)
-    images = adapter.generate(
+    latents = adapter.sample(
         states, mask, case.height, case.width, case.steps, case.guidance_scale, case.cfg_range, case.seed + seed_offset
     )
+    images = adapter.decode(latents)
     image = images[0].detach().cpu().numpy()
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:
-        raise TypeError(f"{adapter.name}: generate must return uint8 [B, H, W, 3], got {image.dtype} {images.shape}")
+        got = f"{image.dtype} {tuple(images.shape)}"
+        raise TypeError(f"{adapter.name}: decode must return uint8 [B, H, W, 3], got {got}")
     return image
 
 

@@ -22,7 +22,7 @@ from parity.report import read_results
 from reference_models.checkpoints import make_checkpoint
 from suites import dit_support, mutants_dit
 from suites.dit_support import block_class, block_codes, cases_for, lattice_for
-from suites.test_recompiles import Point, run_point
+from suites.test_recompiles import Point, control_target, run_point
 from tests.helpers import run_pytest
 
 pytestmark = pytest.mark.slow
@@ -170,8 +170,8 @@ def _first_warm_up_point(target, checkpoint: Path) -> tuple[CompileLedger, list]
     warm = lattice.warmup[0]
     with CompileLedger() as ledger:
         compile_repeated_blocks(adapter.module, backend=lattice.backend, ledger=ledger)
-        control = torch.compile(adapter.decoder, dynamic=True, fullgraph=True, backend=lattice.backend)
-        control(run_point(adapter, lattice, Point(warm.height, warm.width, warm.text_len, warm.cfg)))
+        control = torch.compile(control_target(adapter), dynamic=True, fullgraph=True, backend=lattice.backend)
+        control(run_point(adapter, adapter.config, lattice, Point(warm.height, warm.width, warm.text_len, warm.cfg)))
     return ledger, codes
 
 
