@@ -334,7 +334,7 @@ def record_regional(report: Any, regional: Any, backend: str) -> bool:
     """The `regional_modules_compiled` gate row (>= 1); True when something was compiled."""
     (row,) = regional.rows()
     report.record(
-        case="regional-compile",
+        case="dit-regional-compile",
         metric="regional_modules_compiled",
         value=regional.count,
         threshold=1,
@@ -373,7 +373,7 @@ def record_block_compiles(report: Any, ledger: CompileLedger, codes: list[Any], 
     fallbacks = [fb for fb in ledger.eager_fallbacks() if fb.code in codes]
     ok = compiles >= 1 and calls >= 1 and not fallbacks
     report.record(
-        case="regional-compile",
+        case="dit-regional-compile",
         site=site,
         metric="block_compiles",
         value=compiles,

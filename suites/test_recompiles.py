@@ -125,7 +125,7 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
     report.mode = "compiled"
     if not codes:
         report.record(
-            case="regional-compile",
+            case="dit-regional-compile",
             metric="block_modules",
             value=0,
             threshold=1,
@@ -159,7 +159,7 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
                     detail=f"warm-up: expected {warm.expected_compiles} ({warm.reason}); seen: {seen}",
                     better="equal",
                 )
-                report.info(case=point.name, site=site, metric="compiles", value=counter.total, detail="cumulative")
+                report.info(case=point.name, site=site, metric="compiles", value=counter.total)
             for point in lattice_points(lattice):
                 run_point(adapter, dit_models.config, lattice, point)
                 new, seen = counter.take()
@@ -172,7 +172,7 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
                     verdict=PASS if new == 0 else FAIL,
                     detail=f"after warm-up: {seen}",
                 )
-                report.info(case=point.name, site=site, metric="compiles", value=counter.total, detail="cumulative")
+                report.info(case=point.name, site=site, metric="compiles", value=counter.total)
         finally:
             regional.restore()
 

@@ -90,11 +90,11 @@ MUTANT_RUNS = [
         ALL,
         "compiled or recompile",
         {
-            ("recompiles", "regional_modules_compiled", "regional-compile"),
+            ("recompiles", "regional_modules_compiled", "dit-regional-compile"),
             ("recompiles", "new_compiles", "latent=32x32,text=4,cfg=off"),
-            ("numerics", "regional_modules_compiled", "regional-compile"),
-            ("numerics", "block_compiles", "regional-compile"),
-            ("image", "regional_modules_compiled", "regional-compile"),
+            ("numerics", "regional_modules_compiled", "dit-regional-compile"),
+            ("numerics", "block_compiles", "dit-regional-compile"),
+            ("image", "regional_modules_compiled", "dit-regional-compile"),
         },
     ),
     (
