@@ -57,6 +57,9 @@ class ReferenceDiT:
     """The reference DiT stage behind the adapter API (see the module docstring)."""
 
     name = "reference"
+    # Host reads (`_cap_lens`) and no `_repeated_blocks`: not written to be compiled or captured,
+    # so the suites skip their compiled and graph modes for it (suites.conftest.require_graph_support).
+    supports_capture = False
 
     def __init__(
         self,

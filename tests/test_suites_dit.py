@@ -1,0 +1,191 @@
+"""The DiT suites (recompiles, numerics, image) are green on the built-in target and on the
+reference, and each goes red on the mutant it must catch (`suites/mutants_dit.py`) and on a
+harness whose compile counter counts every frame.
+
+Every suite run is a fresh pytest process (`tests.helpers.run_pytest`), as a user runs it, with
+its own report directory; a red run must exit non-zero AND hold the expected failing gate row in
+its results.csv (a crash would exit non-zero too, without the row).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from parity.compile_watch import CompileLedger
+from parity.regional import compile_repeated_blocks
+from parity.report import read_results
+from reference_models.checkpoints import make_checkpoint
+from suites import dit_support, mutants_dit
+from suites.dit_support import block_class, block_codes, cases_for, lattice_for
+from suites.test_recompiles import Point, control_target, run_point
+from tests.helpers import run_pytest
+
+pytestmark = pytest.mark.slow
+
+RECOMPILES = "suites/test_recompiles.py"
+NUMERICS = "suites/test_numerics_dit.py"
+IMAGE = "suites/test_image.py"
+ALL = [RECOMPILES, NUMERICS, IMAGE]
+
+
+def run_suites(tmp_path: Path, files: list[str], *extra: str, target: str = "serving") -> tuple[int, pd.DataFrame, str]:
+    """Run suite files in a fresh pytest process; exit code, its results.csv, the output's tail."""
+    out = tmp_path / "reports"
+    args = [*files, "-q", "--report-dir", str(out), "--run-id", "run", "--target", target, *extra]
+    result = run_pytest(args, timeout=600)
+    output = result.stdout[-4000:] + result.stderr[-2000:]
+    run_dir = out / "run"
+    frame = read_results(run_dir) if (run_dir / "results.csv").exists() else pd.DataFrame()
+    return result.returncode, frame, output
+
+
+def failing_gates(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[(frame["kind"] == "gate") & frame["verdict"].isin(["fail", "error"])]
+
+
+def test_correct_target_is_green_and_its_pngs_open(tmp_path: Path) -> None:
+    code, frame, output = run_suites(tmp_path, ALL)
+    assert code == 0, output
+    assert failing_gates(frame).empty
+    assert set(frame["suite"]) == {"recompiles", "numerics", "image"}
+
+    # Recompiles: a gate row per warm-up and lattice point, and the warm-up holds every compile.
+    lattice = lattice_for("tiny")
+    points = frame[(frame["suite"] == "recompiles") & (frame["metric"] == "new_compiles")]
+    expected_points = len(lattice.warmup) + len(lattice.sizes) * len(lattice.text_lengths) * len(lattice.cfg)
+    assert len(points) == expected_points
+    assert "latent=32x64,text=0,cfg=on" in set(points["case"])
+    assert points["value"].sum() == sum(p.expected_compiles for p in lattice.warmup) == 3
+    warm = points[points["case"] == "latent=32x32,text=4,cfg=off"]
+    assert "norm1" in warm["detail"].iloc[0]  # the recompile reason is recorded: the norm1 type guard
+
+    # Image: every PNG named in a detail exists, opens, and has the decoded size (8x the latents).
+    run_dir = tmp_path / "reports" / "run"
+    for case in cases_for("image", "tiny"):
+        for variant in ("reference", "serving_eager", "serving_compiled"):
+            path = run_dir / "images" / case.name / f"{variant}.png"
+            with Image.open(path) as image:
+                image.load()
+                assert image.mode == "RGB" and image.size == (8 * case.width, 8 * case.height), path
+            details = frame[(frame["suite"] == "image") & (frame["case"] == case.name)]["detail"]
+            assert details.str.contains(f"images/{case.name}/{variant}.png", regex=False).any()
+
+
+def test_reference_target_runs_and_passes(tmp_path: Path) -> None:
+    code, frame, output = run_suites(tmp_path, ALL, "-rs", target="reference")
+    assert code == 0, output
+    assert failing_gates(frame).empty and not frame.empty
+    assert "supports_capture=False" in output  # compiled checks skip with that reason
+
+
+# (mutant, suite files, pytest -k, {(suite, metric, case prefix) that must fail})
+MUTANT_RUNS = [
+    (
+        "repeated_blocks_emptied",
+        ALL,
+        "compiled or recompile",
+        {
+            ("recompiles", "regional_modules_compiled", "dit-regional-compile"),
+            ("recompiles", "new_compiles", "latent=32x32,text=4,cfg=off"),
+            ("numerics", "regional_modules_compiled", "dit-regional-compile"),
+            ("numerics", "block_compiles", "dit-regional-compile"),
+            ("image", "regional_modules_compiled", "dit-regional-compile"),
+        },
+    ),
+    (
+        "empty_text_skip_in_block",
+        [RECOMPILES],
+        "recompile",
+        {("recompiles", "new_compiles", "latent=32x32,text=0,cfg=on")},
+    ),
+    (
+        "context_refiner_on_empty_text",
+        [RECOMPILES],
+        "recompile",
+        {("recompiles", "new_compiles", "latent=32x32,text=0,cfg=on")},
+    ),
+    (
+        "rope_theta_from_llm",
+        [NUMERICS, IMAGE],
+        "reference",
+        {
+            ("numerics", "max_abs", "dit-velocity-"),
+            ("numerics", "max_abs", "dit-blocks-"),
+            ("image", "psnr", "dit-image-"),
+        },
+    ),
+    (
+        "compiled_rope_rotate_half",
+        [NUMERICS, IMAGE],
+        "compiled",
+        {
+            ("numerics", "max_abs", "dit-compiled-"),
+            ("image", "psnr", "dit-image-"),
+            ("image", "ssim", "dit-image-"),
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("mutant", "files", "select", "must_fail"), MUTANT_RUNS, ids=[r[0] for r in MUTANT_RUNS])
+def test_each_mutant_is_killed_by_its_suite(
+    tmp_path: Path, mutant: str, files: list[str], select: str, must_fail: set[tuple[str, str, str]]
+) -> None:
+    assert mutant in mutants_dit.MUTANTS
+    code, frame, output = run_suites(tmp_path, files, "-k", select, target=f"suites.mutants_dit:{mutant}")
+    assert code != 0, f"{mutant} survived:\n{output}"
+    failed = failing_gates(frame)
+    assert not (failed["verdict"] == "error").any(), failed[["suite", "case", "detail"]].to_string()
+    for suite, metric, case_prefix in must_fail:
+        where = (failed["suite"] == suite) & (failed["metric"] == metric) & failed["case"].str.startswith(case_prefix)
+        hit = failed[where]
+        assert not hit.empty, f"{mutant}: no failing {suite}/{metric} row for {case_prefix}*\n{failed.to_string()}"
+
+
+def test_a_counter_of_every_frame_turns_the_recompile_suite_red(tmp_path: Path) -> None:
+    """Harness variant: count all frames. The warm-up's control frame (the decoder, compiled on
+    its own) is then counted as a block compile: 3 where the case file expects 2."""
+    code, frame, output = run_suites(tmp_path, [RECOMPILES], "-p", "tests.dit_all_frames_counter")
+    assert code != 0, output
+    failed = failing_gates(frame)
+    first = failed[(failed["metric"] == "new_compiles") & (failed["case"] == "latent=32x32,text=4,cfg=off")]
+    assert list(first["value"]) == [3] and list(first["threshold"]) == [2], failed.to_string()
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_checkpoint("dit", "tiny", 0, tmp_path_factory.mktemp("dit"))
+
+
+def _first_warm_up_point(target, checkpoint: Path) -> tuple[CompileLedger, list]:
+    """The recompile suite's first warm-up point (control frame included) on `target`."""
+    adapter = target.load_dit(checkpoint, "cpu", torch.float32)
+    lattice = lattice_for("tiny")
+    codes = block_codes(adapter.module, block_class())
+    warm = lattice.warmup[0]
+    with CompileLedger() as ledger:
+        compile_repeated_blocks(adapter.module, backend=lattice.backend, ledger=ledger)
+        control = torch.compile(control_target(adapter), dynamic=True, fullgraph=True, backend=lattice.backend)
+        control(run_point(adapter, adapter.config, lattice, Point(warm.height, warm.width, warm.text_len, warm.cfg)))
+    return ledger, codes
+
+
+def test_an_all_frames_counter_misses_emptied_repeated_blocks(tiny_checkpoint: Path) -> None:
+    """vllm-omni#7455: with `_repeated_blocks = []` something else still compiles its own frame,
+    so "did the first shape compile?" answered from all frames says yes; per code object, no."""
+    ledger, codes = _first_warm_up_point(mutants_dit.repeated_blocks_emptied(), tiny_checkpoint)
+    assert ledger.compiles() >= 1  # all frames: the seed's `assert count >= 1` passes
+    assert dit_support.count_block_compiles(ledger, codes) == 0  # the suite's counter: nothing compiled
+
+
+def test_the_block_counter_leaves_the_control_frame_out(tiny_checkpoint: Path) -> None:
+    from serving_models.target import make_target
+
+    ledger, codes = _first_warm_up_point(make_target(), tiny_checkpoint)
+    assert dit_support.count_block_compiles(ledger, codes) == lattice_for("tiny").warmup[0].expected_compiles == 2
+    assert ledger.compiles() == 3  # the two block kinds and the decoder
