@@ -307,3 +307,44 @@ external(
     tests=("suites/test_routing_invariance.py", "-k", "replay"),
     target="suites.mutants_routing:serving_count_on_host",
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# DiT regional compile (seed 002: vllm-omni#7455) and DiT numerics; factories in suites/mutants_dit.py
+# ---------------------------------------------------------------------------------------------
+
+external(
+    "dit-repeated-blocks-emptied",
+    defect="_repeated_blocks = []: regional compile compiles nothing and runs eager (vllm-omni#7455)",
+    suite="recompiles",
+    tests=("suites/test_recompiles.py",),
+    target="suites.mutants_dit:repeated_blocks_emptied",
+)
+external(
+    "dit-empty-text-skip-in-block",
+    defect="the empty-text skip as a block-level `if sequence_length == 0`: CFG's zero-length stream compiles a new graph",
+    suite="recompiles",
+    tests=("suites/test_recompiles.py",),
+    target="suites.mutants_dit:empty_text_skip_in_block",
+)
+external(
+    "dit-context-refiner-on-empty-text",
+    defect="no empty-text skip: the context refiner runs on 0 tokens and compiles for them",
+    suite="recompiles",
+    tests=("suites/test_recompiles.py",),
+    target="suites.mutants_dit:context_refiner_on_empty_text",
+)
+external(
+    "dit-rope-theta-from-llm",
+    defect="the DiT RoPE built with the LLM's theta (1e6) instead of 10000",
+    suite="numerics",
+    tests=("suites/test_numerics_dit.py", "-k", "reference"),
+    target="suites.mutants_dit:rope_theta_from_llm",
+)
+external(
+    "dit-compiled-rope-rotate-half",
+    defect="a compile-only attention path applying RoPE in the rotate-half layout (eager untouched)",
+    suite="numerics",
+    tests=("suites/test_numerics_dit.py", "-k", "compiled"),
+    target="suites.mutants_dit:compiled_rope_rotate_half",
+)
