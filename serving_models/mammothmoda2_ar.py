@@ -292,11 +292,15 @@ def moe_dispatch(
     """
     if gen_expert is None:
         return und_expert(hidden_states)
+    if torch.compiler.is_compiling():
+        # Checked before the probe: Dynamo cannot trace CUDA's probe (it returns a Python bool),
+        # and a compiled graph that is later captured runs no Python at all.
+        if gen_token_mask is None:
+            return und_expert(hidden_states)
+        return moe_blend(hidden_states, und_expert, gen_expert, gen_token_mask)
     if capture.is_capturing(hidden_states.device):
         if gen_token_mask is None:
             raise missing_mask_capture_error(layer_name)
-        return moe_blend(hidden_states, und_expert, gen_expert, gen_token_mask)
-    if gen_token_mask is not None and torch.compiler.is_compiling():
         return moe_blend(hidden_states, und_expert, gen_expert, gen_token_mask)
     return moe_eager(hidden_states, und_expert, gen_expert, gen_token_mask)
 

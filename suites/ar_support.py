@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from parity.cases import Table, load_case_file
-from parity.compare import Tolerance, Verdict, allclose_rule, noise_floor_rule
+from parity.compare import Tolerance, Verdict, allclose_rule, dtype_spacing, noise_floor_rule
 from reference_models.ar_adapter import ReferenceARAdapter
 from reference_models.ar_config import ar_config, token_layout
 from reference_models.checkpoints import make_checkpoint, random_state_dict
@@ -54,6 +54,12 @@ class DecodeCase:
 
 
 @dataclasses.dataclass(frozen=True)
+class Observation:
+    residual_ulps: float
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class MoERange:
     name: str
     moe_type: str
@@ -76,6 +82,7 @@ CASES = load_case_file(
         "decode": Table(DecodeCase),
         "decode_settings": Table(DecodeSettings, many=False),
         "moe_ranges": Table(MoERange),
+        "observation": Table(Observation, many=False),
     },
 )
 TOL: dict[str, Tolerance] = CASES["tolerances"]
@@ -167,6 +174,17 @@ def ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFacto
     return ARModels(model, reference, golden, config, settings.size, device, dtype, checkpoint, seed)
 
 
+COMPILED_MODES = ("compiled", "compiled_cuda_graph")
+
+
+def skip_full_size_compile(models: ARModels, mode: str) -> None:
+    """The whole 28-layer Preview backbone under Inductor costs minutes per shape and several
+    shapes per suite, past the GPU lane's budget; the compiled AR modes run on the tiny model in
+    both lanes (the same code paths), and the full-size lane runs eager and real CUDA graphs."""
+    if models.size == "full" and mode in COMPILED_MODES:
+        pytest.skip(f"{mode} of the full-size AR backbone: compile time per shape is past the GPU lane's budget")
+
+
 # ---------------------------------------------------------------------------------------------
 # Judging a tensor: plain tolerance in fp32, the fp64-golden noise floor otherwise
 # ---------------------------------------------------------------------------------------------
@@ -208,26 +226,34 @@ class ExpertUse:
 
     layer: int
     used_gen: torch.Tensor  # bool [B, L]
-    matched: torch.Tensor  # bool [B, L]: the output equals the chosen expert's within tolerance
-    distance_und: torch.Tensor  # max |moe_out - und(x)| per token
+    matched: torch.Tensor  # bool [B, L]: the output is the chosen candidate's and not the other's
+    distance_und: torch.Tensor  # max |out - (h + und(x))| per token
     distance_gen: torch.Tensor
 
 
 @torch.no_grad()
 def observe_expert_use(adapter: Any, taps: dict[str, list[Any]], tol: Tolerance) -> list[ExpertUse]:
+    """Match each token's layer output against `h + und(x)` and `h + gen(x)`, both computed in
+    the model's dtype from the tapped input `x` and residual `h` (the rounding the layer itself
+    does), so the chosen expert matches to GEMM-shape rounding at any precision."""
+    ulps = CASES["observation"].residual_ulps
     uses = []
     for site in adapter.moe_sites():
         (norm_call,) = taps[f"pre_norm.{site.layer}"]
         (layer_call,) = taps[f"layer.{site.layer}"]
         x, residual, out = norm_call.output, norm_call.input, layer_call.output
-        moe_out = (out - residual).double()
-        und = site.und(x).double()
-        gen = site.gen(x).double() if site.gen is not None else torch.full_like(und, float("inf"))
-        d_und = (moe_out - und).abs().amax(-1)
-        d_gen = (moe_out - gen).abs().amax(-1)
+        out64 = out.double()
+        d_und = (out64 - (residual + site.und(x)).double()).abs().amax(-1)
+        if site.gen is not None:
+            d_gen = (out64 - (residual + site.gen(x)).double()).abs().amax(-1)
+        else:
+            d_gen = torch.full_like(d_und, float("inf"))
         used_gen = d_gen < d_und
-        bound = tol.atol + tol.rtol * moe_out.abs().amax(-1)
-        matched = torch.minimum(d_und, d_gen) <= bound
+        bound = tol.atol + tol.rtol * out64.abs().amax(-1)
+        if out.dtype != torch.float32 and out.dtype != torch.float64:
+            bound = bound + ulps * dtype_spacing(out64.abs().amax(-1), out.dtype)
+        closer, farther = torch.minimum(d_und, d_gen), torch.maximum(d_und, d_gen)
+        matched = (closer <= bound) & (farther > bound)
         uses.append(ExpertUse(site.layer, used_gen.cpu(), matched.cpu(), d_und.cpu(), d_gen.cpu()))
     return uses
 

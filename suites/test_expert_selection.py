@@ -18,6 +18,7 @@ from parity.compare import FAIL, PASS, Verdict, diff
 from parity.runners import make_runner
 from reference_models.checkpoints import random_state_dict
 from suites.ar_support import (
+    skip_full_size_compile,
     CASES,
     PROMPTS,
     TOL,
@@ -65,8 +66,10 @@ def test_expert_selection(mode: str, ar_models, report) -> None:
     eager split, up to GEMM-shape rounding or Inductor's fusion)."""
     models = ar_models
     require_graph_support(models.target, mode)
+    skip_full_size_compile(models, mode)
     eager = make_runner("eager", device=models.device)
-    tol = TOL[GRAPH_TOL.get(mode, "graph_vs_eager_fp32")]
+    # off fp32 the graph-vs-eager logits are held to the HF bf16 bound (two roundings of bf16 GEMMs)
+    tol = TOL[GRAPH_TOL.get(mode, "graph_vs_eager_fp32")] if models.dtype == torch.float32 else TOL["noise_floor_bf16"]
     for prompt in PROMPTS:
         with report.guard(case=prompt.name, mode=mode):
             ids = models.ids(prompt.rows)
@@ -90,6 +93,7 @@ def test_dummy_capture_runs_both_experts(mode: str, ar_models, report, device) -
     if mode == "cpu_graph" and device.type != "cpu":
         pytest.skip("cpu_graph is the CPU lane's stand-in")
     require_graph_support(models.target, mode)
+    skip_full_size_compile(models, mode)
     ids = models.ids(PROMPTS[0].rows).zero_()
     taps = {}
     for site in models.target.moe_sites():
@@ -116,6 +120,7 @@ def test_multimodal_entry_routes_gen_tokens(mode: str, ar_models, report) -> Non
     tokens to the gen expert (vllm-omni#9851: input_ids dropped, the gen expert never ran)."""
     models = ar_models
     require_graph_support(models.target, mode)
+    skip_full_size_compile(models, mode)
     for prompt in PROMPTS:
         case = f"multimodal-{prompt.name}"
         with report.guard(case=case, mode=mode):

@@ -15,7 +15,7 @@ import torch
 
 from parity.compare import FAIL, PASS, Verdict, diff
 from parity.runners import make_runner
-from suites.ar_support import PROMPTS, TOL, ar_models, judge  # noqa: F401 (fixture)
+from suites.ar_support import skip_full_size_compile, PROMPTS, TOL, ar_models, judge  # noqa: F401 (fixture)
 from suites.conftest import require_graph_support
 
 pytestmark = [pytest.mark.suite("numerics"), pytest.mark.keep_compile_cache]
@@ -31,6 +31,7 @@ def _tolerance(mode: str):
 def test_target_matches_reference_layer_by_layer(mode: str, ar_models, report) -> None:
     models = ar_models
     require_graph_support(models.target, mode)
+    skip_full_size_compile(models, mode)
     runner = make_runner(mode, device=models.device, capture_registry=models.target.capture)
     tol = _tolerance(mode)
     for prompt in PROMPTS:
