@@ -109,13 +109,17 @@ def resolve_token(token: Token, config: Any, size: str) -> int:
     kind, _, number = token.partition(":")
     if kind == "g" and number.isdigit() and int(number) < gen:
         return start + int(number)
-    layout = token_layout(size)
-    if kind == "visual" and number.isdigit() and layout.visual_start is not None:
-        return layout.visual_start + int(number)
-    named = getattr(layout, token, None) if token in ("eol", "eof", "image_start", "image_end") else None
-    if named is not None:
-        return named
-    raise ValueError(f"cases/ar.toml: token {token!r} has no id in the {size} configuration")
+    name = "visual_start" if kind == "visual" else token
+    if name not in ("eol", "eof", "image_start", "image_end", "visual_start") or (kind == "visual" and not number.isdigit()):
+        raise ValueError(f"cases/ar.toml: token {token!r} is not a token of the case grammar")
+    offset = int(number) if kind == "visual" else 0
+    special = getattr(token_layout(size), name)
+    if special is None:
+        # The full configuration's offsets of these gen tokens are unconfirmed (spec 2.1): use the
+        # tiny layout's offset from the gen start, so the case keeps its shape (a gen token there).
+        tiny = token_layout("tiny")
+        special = start + getattr(tiny, name) - ar_config("tiny").gen_vocab_start_index
+    return special + offset
 
 
 def token_tensor(rows: Sequence[Sequence[Token]], config: Any, size: str, device: torch.device) -> torch.Tensor:

@@ -3,7 +3,9 @@
 A test that takes a `mode` argument is parametrized over the modes of `--device`
 (`parity.runners.modes_for`: eager, cpu_graph, compiled on the CPU; eager, cuda_graph, compiled,
 compiled_cuda_graph on CUDA). Model fixtures live in the family support modules
-(`suites/ar_support.py`, `suites/dit_support.py`, `suites/routing_support.py`).
+(`suites/ar_support.py`, `suites/dit_support.py`, `suites/routing_support.py`) and are
+registered here, once: a session fixture imported into each test module would be a separate
+fixture per module, built once per module (at full size, 128 GB of AR weights per module).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import pytest
 
 from parity.runners import modes_for
+from suites.ar_support import ar_models  # noqa: F401  (session fixture, defined once here)
+from suites.dit_support import dit_models  # noqa: F401  (session fixture, defined once here)
 
 
 def _parametrizes(metafunc: pytest.Metafunc, name: str) -> bool:

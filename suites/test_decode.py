@@ -15,7 +15,7 @@ import torch
 
 from parity.compare import FAIL, PASS, TIE_FLIP, Verdict, classify_decision, diff
 from parity.runners import make_runner
-from suites.ar_support import CASES, TOL, ar_models, ids_of  # noqa: F401 (fixture)
+from suites.ar_support import CASES, TOL, ids_of
 from suites.conftest import require_graph_support
 
 pytestmark = pytest.mark.suite("decode")

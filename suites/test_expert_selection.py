@@ -22,8 +22,7 @@ from suites.ar_support import (
     CASES,
     PROMPTS,
     TOL,
-    ar_models,  # noqa: F401 (fixture)
-    ids_of,
+        ids_of,
     moe_taps,
     observe_expert_use,
     routing_mismatches,

@@ -21,7 +21,7 @@ from parity.compare import FAIL, PASS, Verdict, diff
 from parity.env import PROJECT_ROOT
 from parity.runners import CaptureError, make_runner
 from suites import fail_closed_cases
-from suites.ar_support import PROMPTS, TOL, ar_models, moe_taps, observe_expert_use  # noqa: F401 (fixture)
+from suites.ar_support import PROMPTS, TOL, moe_taps, observe_expert_use
 from suites.conftest import require_graph_support
 
 pytestmark = pytest.mark.suite("fail_closed_capture")

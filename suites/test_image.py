@@ -30,7 +30,6 @@ from suites.dit_support import (
     ImageThreshold,
     cases_for,
     compiled_for_comparison,
-    dit_models,  # noqa: F401  (session fixture)
     image_path,
     image_threshold,
     text_inputs,

@@ -15,7 +15,7 @@ import torch
 
 from parity.compare import FAIL, PASS, Verdict, diff
 from parity.runners import make_runner
-from suites.ar_support import skip_full_size_compile, PROMPTS, TOL, ar_models, judge  # noqa: F401 (fixture)
+from suites.ar_support import PROMPTS, TOL, judge, skip_full_size_compile
 from suites.conftest import require_graph_support
 
 pytestmark = [pytest.mark.suite("numerics"), pytest.mark.keep_compile_cache]

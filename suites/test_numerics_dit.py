@@ -24,7 +24,6 @@ from suites.dit_support import (
     DiTModels,
     cases_for,
     compiled_for_comparison,
-    dit_models,  # noqa: F401  (session fixture)
     forward,
     record_block_outputs,
     tolerance,

@@ -38,7 +38,6 @@ from suites.dit_support import (
     RecompileLattice,
     block_class,
     block_codes,
-    dit_models,  # noqa: F401  (session fixture)
     lattice_for,
     record_regional,
     short_reason,
