@@ -148,8 +148,10 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
                 if i == 0:
                     control(latents)
                 new, seen = counter.take()
+                # "warm-up <shape>": a warm-up shape is visited again in the lattice, and each row
+                # needs its own key (suite, case, target, mode, site, metric) for baselines
                 report.record(
-                    case=point.name,
+                    case=f"warm-up {point.name}",
                     site=site,
                     metric="new_compiles",
                     value=new,
@@ -158,7 +160,7 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
                     detail=f"warm-up: expected {warm.expected_compiles} ({warm.reason}); seen: {seen}",
                     better="equal",
                 )
-                report.info(case=point.name, site=site, metric="compiles", value=counter.total)
+                report.info(case=f"warm-up {point.name}", site=site, metric="compiles", value=counter.total)
             for point in lattice_points(lattice):
                 run_point(adapter, dit_models.config, lattice, point)
                 new, seen = counter.take()

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.review_run import tiny_run  # noqa: F401  (session fixture: one real tiny run, registered once)
+
 _HERE = Path(__file__).resolve().parent
 
 

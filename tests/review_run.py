@@ -1,18 +1,16 @@
-"""The "real tiny run" the review tests read, and the SYNTHETIC rows that stand in for model suites.
+"""The real tiny run the review tests read.
 
-`make_tiny_run` runs `parity run` in a fresh process (it writes results.csv, run.json and
-index.html). Until the model suites are merged it runs only the self-check suite and then appends
-SYNTHETIC rows and PNGs that follow the row conventions of the numerics, recompiles, image, routing
-and sensitivity suites (issue 9), so the page has every section to draw. Once the suites land,
-set `SYNTHETIC = False`: the same tests then read a full tiny `parity run`.
-
-Everything below `SYNTHETIC ADDITIONS` is test data, not a measurement.
+`make_tiny_run` runs `parity run` in fresh processes (results.csv, run.json, index.html): the
+suites the page draws (numerics, recompiles, image, routing, decode, self-checks) and one mutant
+of the sensitivity suite. `SYNTHETIC = True` is the fallback used before the model suites existed:
+the self-checks only, plus SYNTHETIC rows and PNGs in the suites' row conventions (everything below
+`SYNTHETIC ADDITIONS` is test data, not a measurement).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+import fcntl
 import shutil
 from pathlib import Path
 
@@ -24,7 +22,12 @@ from parity.images import psnr, ssim, write_png
 from parity.report import CONTEXT_COLUMNS, RESULTS_FILE, ReportWriter, read_results
 from tests.helpers import run_parity
 
-SYNTHETIC = True  # False once the model suites write these rows themselves (a full tiny run)
+SYNTHETIC = False  # True: only the self-checks run and SYNTHETIC rows stand in for the model suites
+
+# The suites whose rows the page draws (numerics plots, the recompile ledger, images, routing
+# audit); sensitivity adds one real mutant run (its control runs take minutes, so one mutant).
+PAGE_SUITES = ("selfcheck", "numerics", "recompiles", "image", "routing", "decode")
+SENSITIVITY_SAMPLE = "no-clamp-gen-side"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,13 +38,21 @@ class TinyRun:
 
 
 def make_tiny_run(report_dir: Path, run_id: str = "tiny") -> TinyRun:
-    args = ["run", "--report-dir", str(report_dir), "--run-id", run_id]
+    base = ["run", "--report-dir", str(report_dir), "--run-id", run_id]
     if SYNTHETIC:
-        args += ["--suite", "selfcheck"]
-    result = run_parity(args, timeout=900)
+        runs = [base + ["--suite", "selfcheck"]]
+    else:
+        runs = [
+            base + [arg for suite in PAGE_SUITES for arg in ("--suite", suite)] + ["-n", "2"],
+            base + ["--suite", "sensitivity", "--", "-k", f"test_mutant_is_killed and {SENSITIVITY_SAMPLE}"],
+        ]
+    stdout = ""
+    for args in runs:  # the second run appends its rows to the same run directory
+        result = run_parity(args, timeout=900)
+        stdout += result.stdout
+        if result.returncode != 0:
+            raise RuntimeError(f"parity run failed (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
     run_dir = report_dir / run_id
-    if result.returncode != 0:
-        raise RuntimeError(f"parity run failed (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
     page_written = (run_dir / "index.html").is_file()
     if SYNTHETIC:
         add_synthetic_suite_rows(run_dir)
@@ -49,7 +60,7 @@ def make_tiny_run(report_dir: Path, run_id: str = "tiny") -> TinyRun:
         from parity.review_page import write_page
 
         write_page(load_review(run_dir, use_default_baseline=False))
-    return TinyRun(run_dir, result.stdout, page_written)
+    return TinyRun(run_dir, stdout, page_written)
 
 
 def writer_for(run_dir: Path) -> ReportWriter:
@@ -143,17 +154,22 @@ def add_synthetic_suite_rows(run_dir: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@functools.cache
-def _tiny_run_under(basetemp: Path) -> TinyRun:
-    # Cached here, not by pytest: each test module that imports the fixture gets its own fixture
-    # definition, and the run should still happen once per session (per xdist worker).
-    return make_tiny_run(basetemp / "review-run")
-
-
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
-    """One tiny `parity run` per test session (per xdist worker); tests change only copies of it."""
-    return _tiny_run_under(tmp_path_factory.getbasetemp())
+    """One tiny `parity run` per test session, shared by xdist workers through a lock file in the
+    session's common temporary directory; tests change only copies of it."""
+    shared = tmp_path_factory.getbasetemp().parent
+    marker = shared / "review-run.done"
+    with open(shared / "review-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if marker.exists():
+                return TinyRun(Path(marker.read_text()), "", True)
+            run = make_tiny_run(shared / "review-run")
+            marker.write_text(str(run.run_dir))
+            return run
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def copy_run(run_dir: Path, dest: Path) -> Path:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from parity.review_page import PAGE_FILE
-from tests.review_run import TinyRun, copy_run, tiny_run  # noqa: F401  (tiny_run is a fixture)
+from tests.review_run import TinyRun, copy_run
 from tests.test_review_page import PageParser
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -1,22 +1,17 @@
-"""The `routing` suite goes red on known-bad routers and stays green on the correct ones.
+"""The `routing` suite's checks go red on broken routers and broken results.
 
-Two layers. Subprocess runs (as a user runs the suite): each mutant of `suites/mutants_routing.py`
-fails the part of the suite that stands for its defect, with failing rows in results.csv, while the
-serving target and `--target reference` pass the same selection. In-process: every other check of
-`suites/routing_support.py` is handed a broken router (or broken results) and must write a failing
-row, and the near-tie audit classifies hand-built decisions as the rule says.
+The three routing mutants of the catalogue (an ignored count, ties to the highest id, a count read
+on the host) are killed by the sensitivity suite (`suites/test_sensitivity.py`) in fresh
+processes. Here: the rank check against a mutant router in spawned ranks, and in-process, every
+other check of `suites/routing_support.py` handed a broken router (or broken results) must write a
+failing row, and the near-tie audit classifies hand-built decisions as the rule says.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
@@ -28,87 +23,9 @@ from parity.runners import make_runner
 from serving_models import capture as serving_capture
 from serving_models import routing as serving_routing
 from serving_models.routing_adapter import ServingRouter
-from tests.helpers import PROJECT_ROOT, subprocess_env
+from tests.helpers import PROJECT_ROOT
 
 CPU = torch.device("cpu")
-# Each mutant with the part of the suite that stands for its defect: the suite module, the
-# pytest -k selection, and the case family its failing rows must come from. The rank- cases catch
-# the first one too (shown below without a pytest subprocess).
-MUTANTS = {
-    "serving_ignores_valid_rows": ("suites/test_routing_edges.py", "pad-", "pad-"),
-    "serving_ties_to_highest_id": ("suites/test_routing_edges.py", "tie-", "tie-"),
-    "serving_count_on_host": ("suites/test_routing_invariance.py", "replay", "replay-"),
-}
-CONTROL_FILES = sorted({path for path, _, _ in MUTANTS.values()})
-CONTROL_SELECTION = " or ".join(selection for _, selection, _ in MUTANTS.values())
-
-
-RUNS = {
-    **{mutant: (f"suites.mutants_routing:{mutant}", [path], selection) for mutant, (path, selection, _) in MUTANTS.items()},
-    "serving": ("serving", CONTROL_FILES, CONTROL_SELECTION),
-    "reference": ("reference", CONTROL_FILES, CONTROL_SELECTION),
-}
-
-
-@dataclasses.dataclass
-class SuiteRun:
-    """A pytest run of (part of) the suite in a fresh process, as a user starts it."""
-
-    args: list[str]
-    run_dir: Path
-    process: subprocess.Popen
-
-    def finish(self) -> tuple[int, pd.DataFrame, str]:
-        stdout, stderr = self.process.communicate(timeout=600)
-        csv = self.run_dir / "results.csv"
-        frame = pd.read_csv(csv, dtype=str, keep_default_na=False) if csv.exists() else pd.DataFrame()
-        return self.process.returncode, frame, f"{' '.join(self.args)}\n{stdout[-3000:]}{stderr[-3000:]}"
-
-
-@pytest.fixture(scope="module")
-def suite_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SuiteRun]]:
-    """Start every run at once (each is mostly interpreter and import start-up, so on two cores
-    they overlap well); each test waits for its own."""
-    runs = {}
-    for key, (target, files, selection) in RUNS.items():
-        report_dir = tmp_path_factory.mktemp(key)
-        args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *files, "-q", "-k", selection,
-                "--target", target, "--report-dir", str(report_dir), "--run-id", "run"]
-        process = subprocess.Popen(args, cwd=PROJECT_ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        runs[key] = SuiteRun(args, report_dir / "run", process)
-    yield runs
-    for run in runs.values():  # only the processes started above
-        if run.process.poll() is None:
-            run.process.kill()
-            run.process.communicate()
-
-
-def failing(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[(frame["kind"] == "gate") & frame["verdict"].isin([FAIL, ERROR])]
-
-
-# ---- subprocess runs: mutants red, correct targets green -------------------------------------------
-
-
-@pytest.mark.slow  # fresh pytest processes, started together: ~15 s on two busy cores
-@pytest.mark.parametrize("mutant", sorted(MUTANTS))
-def test_each_mutant_turns_its_part_of_the_suite_red(mutant: str, suite_runs: dict[str, SuiteRun]) -> None:
-    _, _, family = MUTANTS[mutant]
-    code, frame, output = suite_runs[mutant].finish()
-    assert code != 0, f"{mutant} passed:\n{output}"
-    bad = failing(frame)
-    assert not bad.empty, f"{mutant}: the run failed but wrote no failing row:\n{output}"
-    assert bad["case"].str.startswith(family).all(), bad["case"].tolist()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("target", ["serving", "reference"])
-def test_correct_targets_pass_the_same_selection(target: str, suite_runs: dict[str, SuiteRun]) -> None:
-    code, frame, output = suite_runs[target].finish()
-    assert code == 0, f"--target {target} failed:\n{output}"
-    assert failing(frame).empty
-    families = {"pad-", "tie-"} | ({"replay-"} if target == "serving" else set())  # the reference cannot be captured
-    assert all(frame["case"].str.startswith(family).any() for family in families), sorted(frame["case"].unique())
 
 
 @pytest.mark.slow  # two spawned ranks
