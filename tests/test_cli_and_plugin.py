@@ -136,3 +136,17 @@ def test_a_plain_test_run_leaves_no_empty_run_directory(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert run_pytest([str(tmp_path), "--report-dir", str(out)], cwd=tmp_path).returncode == 0
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_mutation_score_counts_killed_mutants_and_names_survivors(tmp_path: Path) -> None:
+    from parity.cli import mutation_score
+    from parity.report import ReportWriter
+
+    writer = ReportWriter(tmp_path, {"run_id": "r"})
+    assert not (tmp_path / "results.csv").exists()
+    writer.write({"suite": "numerics", "case": "c", "metric": "max_abs", "value": 0.0, "verdict": "pass"})
+    assert mutation_score(tmp_path) is None
+    for name, killed in (("a", 1), ("b", 0), ("c", 1)):
+        writer.write({"suite": "sensitivity", "case": name, "metric": "killed", "value": killed, "verdict": "pass" if killed else "fail"})
+    writer.write({"suite": "sensitivity", "case": "correct-target-seed-1", "metric": "false_alarms", "value": 0, "verdict": "pass"})
+    assert mutation_score(tmp_path) == (2, 3, ["b"])
