@@ -36,7 +36,7 @@ import pandas as pd
 
 from parity import env
 from parity.compare import ERROR, FAIL
-from parity.report import CASE_KEYS, COLUMNS, RESULTS_FILE, ReportError, read_run_info
+from parity.report import CASE_KEYS, COLUMNS, read_results, read_run_info
 
 BASELINE_DIR = env.PROJECT_ROOT / "reports" / "baselines"
 ROW_KEYS = ["suite", "case", "target", "mode", "site", "metric"]
@@ -66,22 +66,11 @@ def load_rows(source: str | Path) -> pd.DataFrame:
 
     Volatile columns a baseline does not carry come back as empty strings.
     """
-    path = Path(source)
-    if path.is_dir():
-        path = path / RESULTS_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"no report rows at {path}")
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    missing = [c for c in BASELINE_COLUMNS if c not in frame.columns]
-    if missing:
-        raise ReportError(f"{path}: not a parity results or baseline file, missing columns {missing}")
+    frame = read_results(source, required=BASELINE_COLUMNS)
     for column in VOLATILE_COLUMNS:
         if column not in frame.columns:
             frame[column] = ""
-    frame = frame[list(COLUMNS)].copy()
-    for column in ("value", "threshold"):
-        frame[column] = pd.to_numeric(frame[column].replace("", "nan"), errors="coerce")
-    return frame
+    return frame[list(COLUMNS)].copy()
 
 
 def device_kind(device: str, device_name: str = "") -> str:

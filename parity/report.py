@@ -147,15 +147,16 @@ class ReportWriter:
         return full
 
 
-def read_results(path: str | Path) -> pd.DataFrame:
-    """Load a run directory's `results.csv` (or a CSV path) with value/threshold as floats."""
+def read_results(path: str | Path, required: Iterable[str] = COLUMNS) -> pd.DataFrame:
+    """Load a run directory's `results.csv` (or a CSV path) with value/threshold as floats;
+    `required` names the columns the file must have (a baseline drops the volatile ones)."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS_FILE
     if not path.exists():
         raise FileNotFoundError(f"no report rows at {path}")
     frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    missing = [c for c in COLUMNS if c not in frame.columns]
+    missing = [c for c in required if c not in frame.columns]
     if missing:
         raise ReportError(f"{path}: not a parity results file, missing columns {missing}")
     for column in ("value", "threshold"):

@@ -16,7 +16,7 @@ import torch
 from parity.compare import EXACT, FAIL, PASS, Verdict, diff
 from parity.compile_watch import CompileLedger
 from parity.runners import make_runner
-from suites.ar_support import CASES, TOL, ids_of, resolve_token
+from suites.ar_support import CASES, TOL, resolve_token
 from suites.conftest import require_graph_support
 
 pytestmark = pytest.mark.suite("embedding_clamp")

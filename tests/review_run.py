@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import os
 import shutil
 from pathlib import Path
 
@@ -158,7 +159,10 @@ def add_synthetic_suite_rows(run_dir: Path) -> None:
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
     """One tiny `parity run` per test session, shared by xdist workers through a lock file in the
     session's common temporary directory; tests change only copies of it."""
-    shared = tmp_path_factory.getbasetemp().parent
+    basetemp = tmp_path_factory.getbasetemp()
+    # xdist workers' basetemps are popen-gwN/ inside the session's directory; serially the
+    # basetemp is the session's directory itself (its parent is shared by every session)
+    shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
     marker = shared / "review-run.done"
     with open(shared / "review-run.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
