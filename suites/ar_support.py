@@ -156,10 +156,8 @@ class ARModels:
         return token_tensor(rows, self.config, self.size, self.device)
 
 
-@pytest.fixture(scope="session")
-def ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
-    if not hasattr(target, "load_ar"):
-        pytest.skip(f"target {target.name!r} has no AR backbone (no load_ar)")
+def build_ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
+    """The target, the reference in the same dtype and (off fp32) the fp64 golden, from one seed."""
     device, dtype = torch.device(settings.device), settings.torch_dtype
     config = ar_config(settings.size)
     seed = settings.seed

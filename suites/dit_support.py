@@ -203,15 +203,14 @@ class DiTModels:
         return self.golden is not None
 
 
-def _require_dit(target: Any) -> None:
+def require_dit(target: Any) -> None:
     missing = [name for name in ("load_dit", "build_dit") if not hasattr(target, name)]
     if missing:
         pytest.skip(f"target {target.name!r} has no DiT stage ({', '.join(missing)} missing)")
 
 
-@pytest.fixture(scope="session")
-def dit_models(target: Any, settings: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
-    _require_dit(target)
+def build_dit_models(target: Any, settings: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
+    """The target's DiT, the reference in the same dtype and (in half precision) the fp64 golden."""
     device = torch.device(settings.device)
     dtype = TORCH_DTYPES[settings.dtype]
     seed = CASES["models"].checkpoint_seed + settings.seed
