@@ -148,7 +148,8 @@ def pytest_configure(config: pytest.Config) -> None:
         pin_xdist_worker_to_gpu()
     import torch
 
-    torch.set_num_threads(int(os.environ.get(CPU_THREADS_ENV, "1")))
+    if device == "cpu":
+        torch.set_num_threads(int(os.environ.get(CPU_THREADS_ENV, "1")))
     if device == "cuda":
         if not torch.cuda.is_available():
             raise pytest.UsageError("--device cuda: no CUDA device is available on this machine")
