@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from parity import env
-from parity.report import ReportError, format_summary, new_run_id, outcome
+from parity.report import ReportError, format_summary, mutation_score, new_run_id, outcome, read_results
 
 SUITES_DIR = env.PROJECT_ROOT / "suites"
 CHECKPOINT_MAKER = "reference_models.checkpoints:make_checkpoint"
@@ -160,18 +160,6 @@ def pytest_args_for_run(args: argparse.Namespace, run_id: str) -> list[str]:
     return argv + extra
 
 
-def mutation_score(run_dir: Path) -> tuple[int, int, list[str]] | None:
-    """(killed, total, survivors) from the sensitivity suite's `killed` rows, or None without them."""
-    from parity.report import read_results
-
-    frame = read_results(run_dir)
-    rows = frame[(frame["suite"] == "sensitivity") & (frame["metric"] == "killed")]
-    if rows.empty:
-        return None
-    killed = rows["value"] == 1
-    return int(killed.sum()), len(rows), rows.loc[~killed, "case"].tolist()
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     import pytest
 
@@ -191,10 +179,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("\nparity summary")
     print(format_summary(result.summary))
     print(f"\n{result.rows} rows: {run_dir / 'results.csv'}")
-    score = mutation_score(run_dir)
+    score = mutation_score(read_results(run_dir))
     if score is not None:
-        killed, total, survivors = score
-        print(f"mutation score: {killed}/{total} mutants killed" + (f"; SURVIVED: {', '.join(survivors)}" if survivors else ""))
+        print(score.line())
     try:
         from parity.review import load_review
         from parity.review_page import write_page

@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
-# Verdict values of a report row (DESIGN.md "Report rows").
-PASS, FAIL, TIE_FLIP, ERROR = "pass", "fail", "tie_flip", "error"
-VERDICTS = (PASS, FAIL, TIE_FLIP, ERROR)
+# Verdict values of a report row (README "Reports"). `not_applicable`: the check cannot apply to
+# this target or lane (the reason is in the detail); it is neither a pass nor a failure.
+PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE = "pass", "fail", "tie_flip", "error", "not_applicable"
+VERDICTS = (PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE)
 
 _FLOAT_BITS = {
     torch.float16: (torch.int16, 16),
@@ -72,8 +73,9 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        """A tie flip is not a defect: the decision was inside the dtype's noise."""
-        return self.verdict in (PASS, TIE_FLIP)
+        """A tie flip is not a defect (the decision was inside the dtype's noise); a check that
+        does not apply is not one either."""
+        return self.verdict in (PASS, TIE_FLIP, NOT_APPLICABLE)
 
 
 @dataclasses.dataclass(frozen=True)

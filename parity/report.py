@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from parity.compare import ERROR, FAIL, PASS, TIE_FLIP, VERDICTS
+from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, TIE_FLIP, VERDICTS
 
 RESULTS_FILE = "results.csv"
 RUN_INFO_FILE = "run.json"
@@ -168,7 +168,10 @@ def read_results(path: str | Path, required: Iterable[str] = COLUMNS) -> pd.Data
 # Summaries
 # ---------------------------------------------------------------------------------------------
 
-_SEVERITY = {PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
+# A case with a passing row and rows that do not apply passes; a case whose rows all do not apply is
+# `not_applicable`.
+SUMMARY_COLUMNS = ["suite", "cases", "pass", "fail", "tie_flip", "error", "not_applicable", "worst"]
+_SEVERITY = {NOT_APPLICABLE: -1, PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
 CASE_KEYS = ["suite", "case", "target", "mode"]  # a case's verdict spans all its sites
 
 
@@ -187,7 +190,7 @@ def _badness(row: pd.Series) -> float:
     value, threshold = row["value"], row["threshold"]
     if row["verdict"] == ERROR:
         return math.inf
-    if pd.isna(value) or pd.isna(threshold):
+    if row["verdict"] == NOT_APPLICABLE or pd.isna(value) or pd.isna(threshold):
         return -math.inf
     if row["better"] == "equal":
         return 0.0 if value == threshold else math.inf
@@ -199,7 +202,8 @@ def _badness(row: pd.Series) -> float:
 
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per suite: cases, pass, fail, tie_flip, error and the gate row nearest to (or past) its bound."""
+    """Per suite: cases, pass, fail, tie_flip, error, not_applicable and the gate row nearest to (or
+    past) its bound."""
     verdicts = case_verdicts(frame)
     rows = []
     for suite, group in verdicts.groupby("suite", sort=True):
@@ -220,10 +224,56 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
                 "fail": int(counts.get(FAIL, 0)),
                 "tie_flip": int(counts.get(TIE_FLIP, 0)),
                 "error": int(counts.get(ERROR, 0)),
+                "not_applicable": int(counts.get(NOT_APPLICABLE, 0)),
                 "worst": worst,
             }
         )
-    return pd.DataFrame(rows, columns=["suite", "cases", "pass", "fail", "tie_flip", "error", "worst"])
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+@dataclasses.dataclass(frozen=True)
+class MutationScore:
+    """The sensitivity suite's verdict on the catalogue, on the lane the run used.
+
+    `applicable` counts mutants that can show on this lane; a mutant that cannot (an equivalent
+    mutant at this configuration) is `not_applicable` and counts neither as killed nor as a survivor.
+    """
+
+    killed: int
+    applicable: int
+    not_applicable: list[str]
+    survivors: list[str]
+    per_suite: dict[str, tuple[int, int]]  # suite -> (killed, applicable)
+
+    def line(self) -> str:
+        suites = ", ".join(f"{suite} {k}/{n}" for suite, (k, n) in sorted(self.per_suite.items()))
+        text = f"mutation score: {self.killed}/{self.applicable} applicable mutants killed on this lane ({suites})"
+        if self.not_applicable:
+            text += f"; not applicable here: {', '.join(self.not_applicable)}"
+        if self.survivors:
+            text += f"; SURVIVED: {', '.join(self.survivors)}"
+        return text
+
+
+def mutation_score(frame: pd.DataFrame) -> MutationScore | None:
+    """The score from the sensitivity suite's `killed` rows (case = mutant, mode = the suite that
+    must kill it), or None when the run has none."""
+    rows = frame[(frame["suite"] == "sensitivity") & (frame["metric"] == "killed")]
+    if rows.empty:
+        return None
+    na = rows["verdict"] == NOT_APPLICABLE
+    applicable = rows[~na]
+    killed = applicable["verdict"] == PASS
+    per_suite = {
+        suite: (int((group["verdict"] == PASS).sum()), len(group)) for suite, group in applicable.groupby("mode", sort=True)
+    }
+    return MutationScore(
+        killed=int(killed.sum()),
+        applicable=len(applicable),
+        not_applicable=rows.loc[na, "case"].tolist(),
+        survivors=applicable.loc[~killed, "case"].tolist(),
+        per_suite=per_suite,
+    )
 
 
 def format_summary(summary: pd.DataFrame) -> str:

@@ -23,11 +23,11 @@ from parity.baseline import (
     load_rows,
     row_location,
 )
-from parity.compare import ERROR, FAIL, PASS, TIE_FLIP
+from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, TIE_FLIP
 from parity.report import RESULTS_FILE, format_summary, read_run_info, summarize
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
-_ORDER = {ERROR: 0, FAIL: 1, TIE_FLIP: 2, PASS: 3}
+_ORDER = {ERROR: 0, FAIL: 1, TIE_FLIP: 2, NOT_APPLICABLE: 3, PASS: 4}
 
 
 def used_share(row: pd.Series) -> float:
@@ -37,7 +37,7 @@ def used_share(row: pd.Series) -> float:
 
 
 def failing_first(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows in review order: error, fail, tie_flip, pass; within each, nearest to its bound first.
+    """Rows in review order: error, fail, tie_flip, not_applicable, pass; within each, nearest to its bound first.
 
     Info rows go after gate rows of the same verdict (they decided nothing).
     """
@@ -156,7 +156,7 @@ def format_review(review: Review, *, show_all: bool = False, limit: int = 20) ->
             shown = shown[shown["verdict"] != PASS]
         if shown.empty:
             continue
-        header = f"{suite}: {suite_row['cases']} cases, {suite_row['fail']} fail, {suite_row['error']} error, {suite_row['tie_flip']} tie_flip"
+        header = f"{suite}: {suite_row['cases']} cases, {suite_row['fail']} fail, {suite_row['error']} error, {suite_row['tie_flip']} tie_flip, {suite_row['not_applicable']} not_applicable"
         lines.append(header)
         for _, row in shown.head(limit).iterrows():
             lines.append(_row_line(row))

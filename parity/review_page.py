@@ -25,8 +25,8 @@ from urllib.parse import quote
 import pandas as pd
 
 from parity.baseline import Comparison
-from parity.compare import ERROR, FAIL, PASS, TIE_FLIP
-from parity.report import RESULTS_FILE, RUN_INFO_FILE, summarize
+from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, TIE_FLIP
+from parity.report import RESULTS_FILE, RUN_INFO_FILE, mutation_score, summarize
 from parity.review import Review, failing_first, failing_suites_first, used_share
 from parity.review_plots import DIT_BLOCKS, AR_LAYERS, OTHER_SITES, divergence_plot, image_diff_plot, load_png, site_family, site_order
 
@@ -35,7 +35,7 @@ ASSET_DIR = "review"  # figures the page draws; rewritten on every page build
 IMAGES_DIR = "images"  # PNGs a suite writes: images/<case>/<variant>.png
 VARIANT_ORDER = ("reference", "serving_eager", "serving_compiled")
 MAX_TABLE_ROWS = 3000  # beyond this a table points at results.csv instead of bloating the page
-_SEVERITY = {PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
+_SEVERITY = {NOT_APPLICABLE: -1, PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
 NO_ROWS = "no rows for this suite in this run"
 
 ROW_COLUMNS = ("verdict", "case", "mode", "site", "metric", "value", "threshold", "better", "kind", "detail")
@@ -192,7 +192,7 @@ def summary_section(review: Review) -> str:
     def suite_class(row: pd.Series) -> str:
         return "error" if row["error"] else ("fail" if row["fail"] else ("tie_flip" if row["tie_flip"] else "pass"))
 
-    body = [table(summary, ("suite", "cases", "pass", "fail", "tie_flip", "error", "worst"), row_class=suite_class, table_id="summary-table")]
+    body = [table(summary, ("suite", "cases", "pass", "fail", "tie_flip", "error", "not_applicable", "worst"), row_class=suite_class, table_id="summary-table")]
     failing = review.failing
     body.append("<h3>Failing rows</h3>")
     if failing.empty:
@@ -461,9 +461,10 @@ def sensitivity_section(review: Review) -> str:
         return section("sensitivity", "Sensitivity (mutants each suite must catch)", note(NO_ROWS))
     killed = rows[rows["metric"] == "killed"]
     shown = failing_first(killed if not killed.empty else rows).rename(columns={"case": "mutant", "mode": "target_suite"})
-    survived = int((killed["verdict"] != PASS).sum())
+    score = mutation_score(rows)
+    headline = score.line() if score is not None else "no mutant rows"
     body = [
-        f"<p>{len(killed) - survived} of {len(killed)} mutants killed; {survived} survived (a survivor is a check that cannot fail).</p>",
+        f"<p>{esc(headline)} (a survivor is a check that cannot fail).</p>",
         table(shown, ("verdict", "mutant", "target_suite", "metric", "value", "detail"), table_id="sensitivity-table"),
     ]
     return section("sensitivity", "Sensitivity (mutants each suite must catch)", "\n".join(body))

@@ -4,7 +4,14 @@ A mutant is one small run-time change (a monkeypatch of one named function, or a
 on loaded modules), never an edit of shipped code. Each is reachable as a `--target` factory,
 `suites.mutants:mutant_<name with _ for ->`, which applies the change in the process that loads
 it and returns the serving target, so any suite can be pointed at it. Each entry says which
-defect it stands for, which suite must kill it and which tests of that suite to run.
+defect it stands for, which suite must kill it and, per lane, which tests of that suite to run at
+which model size and dtype (`Kill`), or why the mutant cannot apply on that lane (`NotApplicable`:
+an equivalent mutant at that configuration, reported as `not_applicable`, never as a pass).
+
+Lanes are named by device: `cpu` (tiny fp32 models, the CPU graph stand-in, Inductor on CPU) and
+`cuda` (real CUDA graphs and Inductor on the GPU). Mutants run at tiny size on both lanes unless
+their entry says otherwise: the defects are structural (a baked branch, a stale buffer, a wrong
+layer range), and tiny models show them through the same code paths as full-size ones.
 """
 
 from __future__ import annotations
@@ -13,8 +20,36 @@ import dataclasses
 import functools
 import importlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+LANES = ("cpu", "cuda")
+
+
+def lane_of(device: str) -> str:
+    """The catalogue lane a run on `device` belongs to."""
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kill:
+    """The tests that must go red for a mutant on one lane, and the configuration they run at."""
+
+    tests: tuple[str, ...]  # pytest arguments selecting the tests
+    size: str = "tiny"
+    dtype: str | None = None  # None: the lane's default dtype (fp32 on cpu, bf16 on cuda)
+    why: str = ""  # why this selection (or configuration) differs from the other lane's, if it does
+
+    @property
+    def config(self) -> tuple[str, str | None]:
+        return self.size, self.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class NotApplicable:
+    """A mutant that cannot show on a lane (equivalent there), and why."""
+
+    reason: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,8 +57,20 @@ class Mutant:
     name: str
     defect: str
     suite: str
-    tests: tuple[str, ...]  # pytest arguments selecting the tests that must go red
     target: str  # the --target spec that loads the mutant
+    lanes: Mapping[str, Kill | NotApplicable]
+
+    def on(self, lane: str) -> Kill | NotApplicable:
+        """The mutant's kill selection on `lane` (`cpu` or `cuda`)."""
+        if lane not in self.lanes:
+            raise KeyError(f"mutant {self.name!r} declares no selection for lane {lane!r} (lanes: {sorted(self.lanes)})")
+        return self.lanes[lane]
+
+    @property
+    def tests(self) -> tuple[str, ...]:
+        """The CPU lane's selection (the one a reader runs by hand first)."""
+        kill = self.on("cpu")
+        return kill.tests if isinstance(kill, Kill) else ()
 
     @property
     def factory(self) -> str:
@@ -34,21 +81,47 @@ CATALOGUE: dict[str, Mutant] = {}
 _APPLY: dict[str, Callable[[], None]] = {}
 
 
-def mutant(name: str, *, defect: str, suite: str, tests: tuple[str, ...]) -> Callable:
+def _lanes(tests: tuple[str, ...], cuda: tuple[str, ...] | Kill | NotApplicable | None) -> dict[str, Kill | NotApplicable]:
+    """CPU lane: `tests` at tiny fp32. CUDA lane: the same tests unless `cuda` says otherwise."""
+    if cuda is None:
+        gpu: Kill | NotApplicable = Kill(tests)
+    elif isinstance(cuda, (Kill, NotApplicable)):
+        gpu = cuda
+    else:
+        gpu = Kill(tuple(cuda))
+    return {"cpu": Kill(tests), "cuda": gpu}
+
+
+def mutant(
+    name: str,
+    *,
+    defect: str,
+    suite: str,
+    tests: tuple[str, ...],
+    cuda: tuple[str, ...] | Kill | NotApplicable | None = None,
+) -> Callable:
     """Register the decorated function as the run-time change of mutant `name`."""
 
     def register(apply: Callable[[], None]) -> Callable[[], None]:
         spec = f"suites.mutants:mutant_{name.replace('-', '_')}"
-        CATALOGUE[name] = Mutant(name, defect, suite, tests, spec)
+        CATALOGUE[name] = Mutant(name, defect, suite, spec, _lanes(tests, cuda))
         _APPLY[name] = apply
         return apply
 
     return register
 
 
-def external(name: str, *, defect: str, suite: str, tests: tuple[str, ...], target: str) -> None:
+def external(
+    name: str,
+    *,
+    defect: str,
+    suite: str,
+    tests: tuple[str, ...],
+    target: str,
+    cuda: tuple[str, ...] | Kill | NotApplicable | None = None,
+) -> None:
     """A mutant whose factory lives in a family module (suites/mutants_dit.py, mutants_routing.py)."""
-    CATALOGUE[name] = Mutant(name, defect, suite, tests, target)
+    CATALOGUE[name] = Mutant(name, defect, suite, target, _lanes(tests, cuda))
 
 
 def _serving_target_with(name: str) -> Any:
@@ -105,6 +178,7 @@ def _drop_input_ids() -> None:
     defect="the eager any/all dispatch stays active under capture, so the dummy batch's branch is what a graph holds (#7318)",
     suite="expert_selection",
     tests=(EXPERT_SELECTION, "-k", "test_expert_selection and cpu_graph"),
+    cuda=(EXPERT_SELECTION, "-k", "test_expert_selection and cuda_graph"),
 )
 def _host_branch_dispatch() -> None:
     ar = importlib.import_module(AR)
@@ -113,6 +187,41 @@ def _host_branch_dispatch() -> None:
         if gen_expert is None:
             return und_expert(hidden_states)
         return ar.moe_eager(hidden_states, und_expert, gen_expert, gen_token_mask)
+
+    ar.moe_dispatch = moe_dispatch
+
+
+@mutant(
+    "dispatch-from-stale-host-metadata",
+    defect=(
+        "the expert dispatch branches on host-side batch metadata (has gen tokens / all gen) refreshed only "
+        "outside capture: the graph captured after warm-up on the all-zero dummy batch bakes the und expert "
+        "and replays it for every real token (vllm-omni#7318 as shipped)"
+    ),
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "test_expert_selection and cpu_graph"),
+    cuda=(EXPERT_SELECTION, "-k", "test_expert_selection and cuda_graph"),
+)
+def _stale_host_metadata() -> None:
+    import torch
+
+    ar = importlib.import_module(AR)
+    from serving_models import capture
+
+    host = {"has_gen": False, "all_gen": False}  # the runner's per-step metadata, kept on the host
+
+    def moe_dispatch(hidden_states, und_expert, gen_expert, gen_token_mask, layer_name):
+        if gen_expert is None:
+            return und_expert(hidden_states)
+        capturing = torch.compiler.is_compiling() or capture.is_capturing(hidden_states.device)
+        if gen_token_mask is not None and not capturing:
+            mask = gen_token_mask.cpu()  # a host read, legal outside capture: refreshes the metadata
+            host.update(has_gen=bool(mask.any()), all_gen=bool(mask.all()))
+        if not host["has_gen"]:
+            return und_expert(hidden_states)
+        if host["all_gen"]:
+            return gen_expert(hidden_states)
+        return ar.moe_blend(hidden_states, und_expert, gen_expert, gen_token_mask)
 
     ar.moe_dispatch = moe_dispatch
 
@@ -259,11 +368,14 @@ def _warn_never() -> None:
     defect="a decode step replayed without copying the new inputs into the graph's static buffers (stale replay)",
     suite="decode",
     tests=("suites/test_decode.py", "-k", "cpu_graph"),
+    cuda=("suites/test_decode.py", "-k", "cuda_graph"),
 )
 def _no_copy_in() -> None:
     from parity.cpu_graph import CpuGraphRun
+    from parity.cuda_graph import CudaGraphRun
 
-    CpuGraphRun._copy_in = lambda self, inputs: None
+    for runner in (CpuGraphRun, CudaGraphRun):
+        runner._copy_in = lambda self, inputs: None
 
 
 @mutant(
@@ -271,6 +383,14 @@ def _no_copy_in() -> None:
     defect="RMSNorm eps 1e-5 (UP25's class default) instead of the release's 1e-6 in the serving model: a small numeric drift",
     suite="numerics",
     tests=("suites/test_numerics_ar.py", "-k", "layer_by_layer and eager"),
+    cuda=Kill(
+        ("suites/test_numerics_ar.py", "-k", "layer_by_layer and eager"),
+        dtype="fp32",
+        why=(
+            "in bf16 the eps change (1e-5 vs 1e-6 added to mean squares of order 1) moves activations by about "
+            "1e-6 relative, far inside bf16 rounding (2^-8): an equivalent mutant at bf16, so the CUDA lane checks it in fp32"
+        ),
+    ),
 )
 def _rmsnorm_eps() -> None:
     ar = importlib.import_module(AR)

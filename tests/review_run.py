@@ -164,12 +164,14 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
     # basetemp is the session's directory itself (its parent is shared by every session)
     shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
     marker = shared / "review-run.done"
+    stdout = shared / "review-run.stdout"  # every worker sees the output, not only the one that ran it
     with open(shared / "review-run.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if marker.exists():
-                return TinyRun(Path(marker.read_text()), "", True)
+                return TinyRun(Path(marker.read_text()), stdout.read_text(), True)
             run = make_tiny_run(shared / "review-run")
+            stdout.write_text(run.run_stdout)
             marker.write_text(str(run.run_dir))
             return run
         finally:

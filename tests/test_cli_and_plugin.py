@@ -138,15 +138,17 @@ def test_a_plain_test_run_leaves_no_empty_run_directory(tmp_path: Path) -> None:
     assert not out.exists() or not any(out.iterdir())
 
 
-def test_mutation_score_counts_killed_mutants_and_names_survivors(tmp_path: Path) -> None:
-    from parity.cli import mutation_score
-    from parity.report import ReportWriter
+def test_mutation_score_counts_killed_of_applicable_mutants_per_suite(tmp_path: Path) -> None:
+    from parity.report import ReportWriter, mutation_score, read_results
 
     writer = ReportWriter(tmp_path, {"run_id": "r"})
-    assert not (tmp_path / "results.csv").exists()
     writer.write({"suite": "numerics", "case": "c", "metric": "max_abs", "value": 0.0, "verdict": "pass"})
-    assert mutation_score(tmp_path) is None
-    for name, killed in (("a", 1), ("b", 0), ("c", 1)):
-        writer.write({"suite": "sensitivity", "case": name, "metric": "killed", "value": killed, "verdict": "pass" if killed else "fail"})
+    assert mutation_score(read_results(tmp_path)) is None
+    for name, suite, verdict in (("a", "decode", "pass"), ("b", "decode", "fail"), ("c", "image", "pass"), ("d", "image", "not_applicable")):
+        writer.write({"suite": "sensitivity", "case": name, "mode": suite, "metric": "killed", "value": int(verdict == "pass"), "verdict": verdict})
     writer.write({"suite": "sensitivity", "case": "correct-target-seed-1", "metric": "false_alarms", "value": 0, "verdict": "pass"})
-    assert mutation_score(tmp_path) == (2, 3, ["b"])
+    score = mutation_score(read_results(tmp_path))
+    assert (score.killed, score.applicable, score.survivors, score.not_applicable) == (2, 3, ["b"], ["d"])
+    assert score.per_suite == {"decode": (1, 2), "image": (1, 1)}
+    assert score.line().startswith("mutation score: 2/3 applicable mutants killed on this lane (decode 1/2, image 1/1)")
+    assert "not applicable here: d" in score.line() and "SURVIVED: b" in score.line()

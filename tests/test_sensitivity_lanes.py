@@ -1,0 +1,74 @@
+"""The mutant catalogue per lane: every entry says how it dies on the CPU and on the CUDA lane,
+graph-mode selections name that lane's graph mode, and an entry that cannot apply on a lane is
+recorded `not_applicable` with its reason, never as a pass and never as killed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from parity.report import mutation_score, read_results
+from suites.mutants import CATALOGUE, LANES, NotApplicable
+from tests.helpers import PROJECT_ROOT, run_pytest
+
+OTHER_LANE_GRAPH_MODE = {"cpu": "cuda_graph", "cuda": "cpu_graph"}
+
+
+@pytest.mark.parametrize("name", list(CATALOGUE))
+def test_every_mutant_declares_every_lane(name: str) -> None:
+    mutant = CATALOGUE[name]
+    assert set(mutant.lanes) == set(LANES), f"{name}: lanes {sorted(mutant.lanes)}"
+    for lane in LANES:
+        kill = mutant.on(lane)
+        if isinstance(kill, NotApplicable):
+            assert kill.reason.strip(), f"{name}: not applicable on {lane} without a reason"
+            continue
+        assert kill.tests and kill.size in ("tiny", "full"), (name, lane, kill)
+        text = " ".join(kill.tests)
+        # A CPU-lane selection of cuda_graph tests (or the reverse) selects tests that skip on that
+        # lane: the mutant would survive there for want of a test (the three GPU-lane survivors of
+        # issue 14: host-branch, replay-without-copy-in, moe ranges).
+        assert OTHER_LANE_GRAPH_MODE[lane] not in text, f"{name} on {lane}: selects {text!r}"
+
+
+def test_the_stale_replay_mutant_breaks_both_graph_runners() -> None:
+    from parity.cpu_graph import CpuGraphRun
+    from parity.cuda_graph import CudaGraphRun
+    from suites import mutants
+
+    before = (CpuGraphRun._copy_in, CudaGraphRun._copy_in)
+    try:
+        mutants._APPLY["replay-without-copy-in"]()
+        assert CpuGraphRun._copy_in is not before[0] and CudaGraphRun._copy_in is not before[1]
+    finally:
+        CpuGraphRun._copy_in, CudaGraphRun._copy_in = before
+
+
+FAKE_ENTRY = '''
+from suites import mutants
+
+def pytest_configure(config):
+    mutants.CATALOGUE["fake-equivalent"] = mutants.Mutant(
+        "fake-equivalent", "an equivalent mutant for the test", "numerics", "serving",
+        {"cpu": mutants.NotApplicable("equivalent at fp32 by construction"),
+         "cuda": mutants.NotApplicable("equivalent at bf16 by construction")},
+    )
+'''
+
+
+def test_a_mutant_that_cannot_apply_is_recorded_not_applicable(tmp_path: Path) -> None:
+    (tmp_path / "fake_entry.py").write_text(FAKE_ENTRY)
+    result = run_pytest(
+        ["suites/test_sensitivity.py", "-k", "test_mutant_is_killed and fake-equivalent", "-p", "fake_entry",
+         "--report-dir", str(tmp_path), "--run-id", "na"],
+        PYTHONPATH=os.pathsep.join([str(tmp_path), str(PROJECT_ROOT)]),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = read_results(tmp_path / "na")
+    (row,) = rows.itertuples()
+    assert row.verdict == "not_applicable" and "equivalent at fp32 by construction" in row.detail
+    score = mutation_score(rows)
+    assert (score.killed, score.applicable, score.not_applicable, score.survivors) == (0, 0, ["fake-equivalent"], [])
+
