@@ -70,6 +70,12 @@ class MoERange:
 class DecodeSettings:
     tie_spacings: float
     reason: str
+    bucket_steps: int
+    bucket_reason: str
+
+    def __post_init__(self) -> None:
+        if self.bucket_steps < 1:
+            raise ValueError(f"cases/ar.toml [decode_settings]: bucket_steps must be at least 1, got {self.bucket_steps}")
 
 
 CASES = load_case_file(
