@@ -265,7 +265,10 @@ class SuiteReport:
         kind: str = "gate",
         better: str = "lower",
         suite: str | None = None,
+        bound: str | None = None,
     ) -> dict[str, Any]:
+        """Write one row now. `bound`: `measured` when `threshold` was derived from noise measured in
+        this run; by default a threshold is `fixed` (a policy)."""
         if case is not None:
             self.case = case
         if mode is not None:
@@ -284,6 +287,7 @@ class SuiteReport:
                 "seed": self.seed if seed is None else seed,
                 "kind": kind,
                 "better": better,
+                "bound": bound,
                 "test": self.test,
             }
         )
@@ -299,6 +303,7 @@ class SuiteReport:
             threshold=verdict.threshold,
             detail=verdict.detail,
             better=better,
+            bound=verdict.bound,
             **where,
         )
         return verdict
