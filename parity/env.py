@@ -31,6 +31,9 @@ def align_onednn_isa(environ: MutableMapping[str, str] | None = None) -> str | N
     xdist workers and every subprocess the suites start. Returns the cap it set, or None.
     """
     environ = os.environ if environ is None else environ
+    marked = environ.get(ONEDNN_ALIGNED_ENV)
+    if marked and environ.get("ONEDNN_MAX_CPU_ISA") != ONEDNN_ISA_FOR_ATEN.get(marked):
+        del environ[ONEDNN_ALIGNED_ENV]  # inherited, but the cap in force now is someone else's
     capability = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
     cap = ONEDNN_ISA_FOR_ATEN.get(capability)
     if cap is None or environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA"):
@@ -48,12 +51,11 @@ def isolate_inductor_cache(environ: MutableMapping[str, str] | None = None) -> s
     in the same cache fails with "'at::vec' has not been declared" (docs/cpu-kernels.md).
     Processes on the machine's own kernel set keep Inductor's default directory. Inductor writes
     its default into TORCHINDUCTOR_CACHE_DIR the first time it is asked (importing torch._dynamo
-    does), so that value counts as unset; any other value is the user's choice and is kept.
+    does), so that value counts as unset, and so does a directory this function chose for a parent
+    process; any other value is the user's choice and is kept.
     """
     environ = os.environ if environ is None else environ
     capability = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    if not capability:
-        return None
     try:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     except ImportError:  # another torch layout: the same default, spelt out
@@ -63,9 +65,15 @@ def isolate_inductor_cache(environ: MutableMapping[str, str] | None = None) -> s
         def default_cache_dir() -> str:
             return os.path.join(tempfile.gettempdir(), "torchinductor_" + getpass.getuser())
 
-    if environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) != default_cache_dir():
+    default = default_cache_dir()
+    current = environ.get("TORCHINDUCTOR_CACHE_DIR", default)
+    if current != default and not current.startswith(f"{default}-aten-"):
         return None
-    path = f"{default_cache_dir()}-aten-{capability}"
+    if not capability:
+        if current != default:
+            environ["TORCHINDUCTOR_CACHE_DIR"] = default
+        return None
+    path = f"{default}-aten-{capability}"
     environ["TORCHINDUCTOR_CACHE_DIR"] = path
     return path
 
@@ -83,7 +91,7 @@ def cpu_kernels() -> dict[str, str]:
     info = {"cpu_capability": torch.backends.cpu.get_cpu_capability()}
     info.update({name: os.environ.get(name, "") for name in CPU_KERNEL_ENV + ("TORCHINDUCTOR_CACHE_DIR",)})
     aligned = os.environ.get(ONEDNN_ALIGNED_ENV)
-    if aligned:
+    if aligned and os.environ.get("ONEDNN_MAX_CPU_ISA") == ONEDNN_ISA_FOR_ATEN.get(aligned):
         info["note"] = (
             f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '')} set by parity to match "
             f"ATEN_CPU_CAPABILITY={aligned} (docs/cpu-kernels.md)"

@@ -166,6 +166,9 @@ def test_onednn_cap_follows_aten_capability_below_avx512() -> None:
                     {"ATEN_CPU_CAPABILITY": "default", "DNNL_MAX_CPU_ISA": "AVX2"}):
         before = dict(environ)
         assert align_onednn_isa(environ) is None and environ == before  # a user's own cap is left alone
+    # A mark inherited from a parent whose cap was replaced is dropped (the note would be false).
+    inherited = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2", ONEDNN_ALIGNED_ENV: "default"}
+    assert align_onednn_isa(inherited) is None and ONEDNN_ALIGNED_ENV not in inherited
 
 
 KERNELS = '''
@@ -244,6 +247,13 @@ def test_inductor_cache_dir_is_kept_apart_per_kernel_set() -> None:
     assert isolate_inductor_cache({}) is None  # the machine's own kernels keep Inductor's default
     mine = {"ATEN_CPU_CAPABILITY": "default", "TORCHINDUCTOR_CACHE_DIR": "/somewhere/mine"}
     assert isolate_inductor_cache(mine) is None and mine["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/mine"
+    # A directory chosen for a parent on another kernel set is not a user's choice: re-derived.
+    parent = {"ATEN_CPU_CAPABILITY": "default"}
+    isolate_inductor_cache(parent)
+    child = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": parent["TORCHINDUCTOR_CACHE_DIR"]}
+    assert isolate_inductor_cache(child).endswith("-aten-avx2")
+    native = {"TORCHINDUCTOR_CACHE_DIR": parent["TORCHINDUCTOR_CACHE_DIR"]}
+    assert isolate_inductor_cache(native) is None and not native["TORCHINDUCTOR_CACHE_DIR"].endswith("-aten-default")
 
 
 COMPILED_REDUCTION = '''
