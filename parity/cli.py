@@ -167,6 +167,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     report_dir = Path(args.report_dir) if args.report_dir else env.PROJECT_ROOT / "reports" / "runs"
     run_dir = report_dir / run_id
     argv = pytest_args_for_run(args, run_id)
+    env.select_cpu_kernels()  # before pytest imports anything that runs a kernel (docs/cpu-kernels.md)
     print(f"parity run: {run_dir}\n  pytest {' '.join(argv)}", flush=True)
     code = int(pytest.main(argv))
     if code == PYTEST_NO_TESTS:

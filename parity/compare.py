@@ -9,7 +9,7 @@ diverging layer is the first failing leaf. Two rules turn a diff into a `Verdict
 * `allclose_rule`: plain `|cand - ref| <= atol + rtol * |ref|` element-wise.
 * `noise_floor_rule`: the candidate's RMSE against an fp64 golden may be at most `multiplier`
   times the eager reference's RMSE against the same golden, plus a floor (`tol / 10`): the rule of
-  `torch._dynamo.utils.same`, see spec/practice.md section 1.1.
+  `torch._dynamo.utils.same`. Its bound is *measured* (`Verdict.bound`), not a policy.
 
 Non-finite values never raise: they give a `fail` verdict whose detail says "non-finite".
 """
@@ -27,6 +27,13 @@ import torch
 # this target or lane (the reason is in the detail); it is neither a pass nor a failure.
 PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE = "pass", "fail", "tie_flip", "error", "not_applicable"
 VERDICTS = (PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE)
+# How a row's bound was set (the report's `bound` column): FIXED is a policy (a case-file tolerance,
+# an expected count) that only changes when someone changes it; MEASURED is derived from noise
+# measured in the same run (the noise-floor rule's multiplier x RMSE(golden, eager) + floor), so it
+# moves with the machine's kernels. A baseline comparison treats the two differently
+# (parity.baseline, docs/machine-independence.md).
+FIXED, MEASURED = "fixed", "measured"
+BOUND_KINDS = (FIXED, MEASURED, "")
 
 _FLOAT_BITS = {
     torch.float16: (torch.int16, 16),
@@ -66,10 +73,15 @@ class Verdict:
     value: float
     threshold: float | None
     detail: str = ""
+    bound: str | None = None  # FIXED or MEASURED; None: FIXED when there is a threshold, else ''
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        if self.bound is None:
+            object.__setattr__(self, "bound", FIXED if self.threshold is not None else "")
+        if self.bound not in BOUND_KINDS:
+            raise ValueError(f"bound must be one of {BOUND_KINDS}, got {self.bound!r}")
 
     @property
     def ok(self) -> bool:
@@ -424,12 +436,13 @@ def noise_floor_rule(
         f"ratio={ratio:.3g} threshold={multiplier:g}*{ref_error:.3g}+{floor:.3g}"
     )
     cand_nonfinite = int((~torch.isfinite(cand.detach().float())).sum())
+    # The threshold is measured (the eager reference's error in this run, on this machine's kernels).
     if cand_nonfinite:
-        return Verdict(FAIL, "rmse_vs_golden", res_error, threshold, f"non-finite: {cand_nonfinite} values; {summary}"), record
+        return Verdict(FAIL, "rmse_vs_golden", res_error, threshold, f"non-finite: {cand_nonfinite} values; {summary}", MEASURED), record
     if close or res_error <= threshold:
         how = "allclose to eager" if close else "within noise floor"
-        return Verdict(PASS, "rmse_vs_golden", res_error, threshold, f"{how}; {summary}"), record
-    return Verdict(FAIL, "rmse_vs_golden", res_error, threshold, f"above noise floor; {summary}"), record
+        return Verdict(PASS, "rmse_vs_golden", res_error, threshold, f"{how}; {summary}", MEASURED), record
+    return Verdict(FAIL, "rmse_vs_golden", res_error, threshold, f"above noise floor; {summary}", MEASURED), record
 
 
 def dtype_spacing(value: torch.Tensor | float, dtype: torch.dtype) -> torch.Tensor:

@@ -3,13 +3,100 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import subprocess
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+# ATen's kernel set below AVX-512 -> the matching cap for oneDNN (and the cpublas paths that ask
+# oneDNN which ISA it runs): without it, ATEN_CPU_CAPABILITY=default on an AVX-512/AMX CPU makes
+# bf16 scaled_dot_product_attention fail with "pack_vnni2 is only supported when avx512 is
+# supported" (ATen takes its default path while oneDNN still picks AMX's VNNI packing).
+# docs/cpu-kernels.md explains it.
+ONEDNN_ISA_FOR_ATEN = {"default": "SSE41", "avx2": "AVX2"}
+# Set (to the ATen value it answered) when parity capped oneDNN, so child processes and run.json say so.
+ONEDNN_ALIGNED_ENV = "PARITY_ONEDNN_ISA_ALIGNED_TO"
+CPU_KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")
+
+
+def align_onednn_isa(environ: MutableMapping[str, str] | None = None) -> str | None:
+    """Cap oneDNN's ISA to match `ATEN_CPU_CAPABILITY` when that is below AVX-512 and no cap is set.
+
+    Must run before the first oneDNN kernel (importing torch is fine); the variable is inherited by
+    xdist workers and every subprocess the suites start. Returns the cap it set, or None.
+    """
+    environ = os.environ if environ is None else environ
+    marked = environ.get(ONEDNN_ALIGNED_ENV)
+    if marked and environ.get("ONEDNN_MAX_CPU_ISA") != ONEDNN_ISA_FOR_ATEN.get(marked):
+        del environ[ONEDNN_ALIGNED_ENV]  # inherited, but the cap in force now is someone else's
+    capability = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    cap = ONEDNN_ISA_FOR_ATEN.get(capability)
+    if cap is None or environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA"):
+        return None
+    environ["ONEDNN_MAX_CPU_ISA"] = cap
+    environ[ONEDNN_ALIGNED_ENV] = capability
+    return cap
+
+
+def isolate_inductor_cache(environ: MutableMapping[str, str] | None = None) -> str | None:
+    """Give Inductor its own cache directory per `ATEN_CPU_CAPABILITY` (unless one is set).
+
+    Inductor's on-disk cache does not keep kernel sets apart: measured with torch 2.13, a compile
+    under AVX-512 with 2 threads followed by one under `ATEN_CPU_CAPABILITY=default` with 2 threads
+    in the same cache fails with "'at::vec' has not been declared" (docs/cpu-kernels.md).
+    Processes on the machine's own kernel set keep Inductor's default directory. Inductor writes
+    its default into TORCHINDUCTOR_CACHE_DIR the first time it is asked (importing torch._dynamo
+    does), so that value counts as unset, and so does a directory this function chose for a parent
+    process; any other value is the user's choice and is kept.
+    """
+    environ = os.environ if environ is None else environ
+    capability = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # another torch layout: the same default, spelt out
+        import getpass
+        import tempfile
+
+        def default_cache_dir() -> str:
+            return os.path.join(tempfile.gettempdir(), "torchinductor_" + getpass.getuser())
+
+    default = default_cache_dir()
+    current = environ.get("TORCHINDUCTOR_CACHE_DIR", default)
+    if current != default and not current.startswith(f"{default}-aten-"):
+        return None
+    if not capability:
+        if current != default:
+            environ["TORCHINDUCTOR_CACHE_DIR"] = default
+        return None
+    path = f"{default}-aten-{capability}"
+    environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path
+
+
+def select_cpu_kernels(environ: MutableMapping[str, str] | None = None) -> None:
+    """What a run does before any kernel runs when ATEN_CPU_CAPABILITY picks a kernel set."""
+    align_onednn_isa(environ)
+    isolate_inductor_cache(environ)
+
+
+def cpu_kernels() -> dict[str, str]:
+    """The CPU kernel set this process runs: ATen's capability and the variables that choose kernels."""
+    import torch
+
+    info = {"cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    info.update({name: os.environ.get(name, "") for name in CPU_KERNEL_ENV + ("TORCHINDUCTOR_CACHE_DIR",)})
+    aligned = os.environ.get(ONEDNN_ALIGNED_ENV)
+    if aligned and os.environ.get("ONEDNN_MAX_CPU_ISA") == ONEDNN_ISA_FOR_ATEN.get(aligned):
+        info["note"] = (
+            f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '')} set by parity to match "
+            f"ATEN_CPU_CAPABILITY={aligned} (docs/cpu-kernels.md)"
+        )
+    return info
 
 
 @functools.cache
@@ -54,5 +141,6 @@ def describe(device: str) -> dict[str, Any]:
         "device_name": device_name(device),
         "git_sha": git_sha(),
         "cpu_threads": torch.get_num_threads(),
+        "cpu_kernels": cpu_kernels(),
     }
     return info

@@ -128,8 +128,8 @@ def visible_gpus() -> list[str]:
 def pin_xdist_worker_to_gpu() -> str | None:
     """Give xdist worker `gwN` its own GPU (the N-th visible one, round robin), before CUDA starts.
 
-    Every worker would otherwise default to cuda:0 and run out of memory there (practice.md
-    section 7). Runs before anything touches CUDA; returns the device id chosen, or None.
+    Every worker would otherwise default to cuda:0 and run out of memory there. Runs before
+    anything touches CUDA; returns the device id chosen, or None.
     """
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     gpus = visible_gpus()
@@ -143,13 +143,18 @@ def pin_xdist_worker_to_gpu() -> str | None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    # Before any kernel runs: oneDNN's ISA follows ATEN_CPU_CAPABILITY, and Inductor gets a cache
+    # of its own per kernel set (docs/cpu-kernels.md).
+    env.select_cpu_kernels()
     device = config.getoption("--device")
     if device == "cuda":
         pin_xdist_worker_to_gpu()
     import torch
 
     if device == "cpu":
-        torch.set_num_threads(int(os.environ.get(CPU_THREADS_ENV, "1")))
+        # The plugin owns the CPU lane's thread count: it overrides OMP_NUM_THREADS (which only sets
+        # torch's default) so that rows do not depend on how the shell was set up.
+        torch.set_num_threads(cpu_threads())
     if device == "cuda":
         if not torch.cuda.is_available():
             raise pytest.UsageError("--device cuda: no CUDA device is available on this machine")
@@ -182,6 +187,28 @@ def pytest_configure(config: pytest.Config) -> None:
             "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
         },
     )
+
+
+def cpu_threads() -> int:
+    """The CPU lane's intra-op thread count: PARITY_CPU_THREADS, else 1."""
+    text = os.environ.get(CPU_THREADS_ENV, "1")
+    try:
+        threads = int(text)
+    except ValueError:
+        raise pytest.UsageError(f"{CPU_THREADS_ENV}={text!r}: expected a positive integer") from None
+    if threads < 1:
+        raise pytest.UsageError(f"{CPU_THREADS_ENV}={text!r}: expected a positive integer")
+    return threads
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """One line (controller only) naming the CPU kernel set, and saying when parity capped oneDNN."""
+    if config.getoption("--device") != "cpu":
+        return []
+    kernels = env.cpu_kernels()
+    chosen = " ".join(f"{k}={v}" for k, v in kernels.items() if k in env.CPU_KERNEL_ENV and v)
+    line = f"parity: CPU kernels {kernels['cpu_capability']}, {cpu_threads()} thread(s)" + (f"; {chosen}" if chosen else "")
+    return [line] + ([f"parity: {kernels['note']}"] if "note" in kernels else [])
 
 
 def _dtype_name(config: pytest.Config) -> str:
@@ -265,7 +292,10 @@ class SuiteReport:
         kind: str = "gate",
         better: str = "lower",
         suite: str | None = None,
+        bound: str | None = None,
     ) -> dict[str, Any]:
+        """Write one row now. `bound`: `measured` when `threshold` was derived from noise measured in
+        this run; by default a threshold is `fixed` (a policy)."""
         if case is not None:
             self.case = case
         if mode is not None:
@@ -284,6 +314,7 @@ class SuiteReport:
                 "seed": self.seed if seed is None else seed,
                 "kind": kind,
                 "better": better,
+                "bound": bound,
                 "test": self.test,
             }
         )
@@ -299,6 +330,7 @@ class SuiteReport:
             threshold=verdict.threshold,
             detail=verdict.detail,
             better=better,
+            bound=verdict.bound,
             **where,
         )
         return verdict

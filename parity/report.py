@@ -21,15 +21,17 @@ from typing import Any
 
 import pandas as pd
 
-from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, TIE_FLIP, VERDICTS
+from parity.compare import BOUND_KINDS, ERROR, FAIL, FIXED, NOT_APPLICABLE, PASS, TIE_FLIP, VERDICTS
 
 RESULTS_FILE = "results.csv"
 RUN_INFO_FILE = "run.json"
 
-# The columns of DESIGN.md plus `site` (where inside the model a number was taken: `layer.3`,
-# `logits`, `block.layers.1`, `step.12`; empty for whole-output checks), then ours: `kind` (gate = the row decided a verdict, info = a
-# number recorded beside it), `better` (lower / higher / equal: the direction a baseline comparison
-# reads the value in), `test` (pytest node id), `worker` (xdist worker or "main"), `time` (UTC).
+# The columns of README "Reports": the run's context, `site` (where inside the model a number was
+# taken: `layer.3`, `logits`, `block.layers.1`, `step.12`; empty for whole-output checks), the
+# number and its bound, `kind` (gate = the row decided a verdict, info = a number recorded beside
+# it), `better` (lower / higher / equal: the direction a baseline comparison reads the value in),
+# `bound` (fixed = a policy, measured = derived from noise measured in the same run, '' = no
+# bound), `test` (pytest node id), `worker` (xdist worker or "main"), `time` (UTC).
 COLUMNS = (
     "run_id",
     "suite",
@@ -50,12 +52,16 @@ COLUMNS = (
     "git_sha",
     "kind",
     "better",
+    "bound",
     "test",
     "worker",
     "time",
 )
 KINDS = ("gate", "info")
 BETTER = ("lower", "higher", "equal", "")
+# Columns added after results files were first written: a file without one still loads (the column
+# comes back empty, i.e. unknown).
+LATER_COLUMNS = ("bound",)
 
 # Columns filled from the run's context rather than by each check.
 CONTEXT_COLUMNS = ("run_id", "target", "device", "dtype", "size", "torch_version", "git_sha", "worker")
@@ -122,6 +128,12 @@ class ReportWriter:
             raise ReportError(f"kind must be one of {KINDS}, got {full['kind']!r}")
         if full["better"] not in BETTER:
             raise ReportError(f"better must be one of {BETTER[:-1]}, got {full['better']!r}")
+        if full["bound"] == "":
+            threshold = full["threshold"]
+            has_bound = threshold not in ("", None) and not (isinstance(threshold, float) and math.isnan(threshold))
+            full["bound"] = FIXED if has_bound else ""
+        if full["bound"] not in BOUND_KINDS:
+            raise ReportError(f"bound must be one of {BOUND_KINDS[:-1]} (or empty without a threshold), got {full['bound']!r}")
         full["mode"] = full["mode"] or "eager"
         full["time"] = full["time"] or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
         return {k: _cell(v) for k, v in full.items()}
@@ -156,6 +168,9 @@ def read_results(path: str | Path, required: Iterable[str] = COLUMNS) -> pd.Data
     if not path.exists():
         raise FileNotFoundError(f"no report rows at {path}")
     frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    for column in LATER_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = ""
     missing = [c for c in required if c not in frame.columns]
     if missing:
         raise ReportError(f"{path}: not a parity results file, missing columns {missing}")

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from parity.baseline import Comparison
+from parity.baseline import INFO_LIST_FACTOR, Comparison
 from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, TIE_FLIP
 from parity.report import RESULTS_FILE, RUN_INFO_FILE, mutation_score, summarize
 from parity.review import Review, failing_first, failing_suites_first, used_share
@@ -222,7 +222,7 @@ def baseline_section(review: Review) -> str:
     ]
     if comparison.suites_not_run:
         body.append(note("not compared (no rows in this run): " + ", ".join(comparison.suites_not_run)))
-    outcome_columns = ("suite", "case", "mode", "site", "metric", "old_value", "new_value", "threshold", "old_verdict", "new_verdict", "why")
+    outcome_columns = ("suite", "case", "mode", "site", "metric", "old_value", "new_value", "threshold", "bound", "old_verdict", "new_verdict", "why")
     for title, frame, kind in (
         ("Regressions", comparison.regressions, "regression"),
         ("Improvements", comparison.improvements, "improvement"),
@@ -236,8 +236,15 @@ def baseline_section(review: Review) -> str:
         body.append(f"<h3>{esc(title)} ({len(cases)})</h3>")
         body.append(table(cases, ("suite", "case", "target", "mode", "rows", "gate_rows"), row_class=_outcome_class(kind)) if not cases.empty else note("none"))
     changed = comparison.changed
-    body.append(f"<details><summary>Changed, neither better nor worse by the rule ({len(changed)})</summary>")
+    body.append(f"<details><summary>Changed gate rows, neither better nor worse by the rule ({len(changed)})</summary>")
     body.append(table(changed, outcome_columns, row_class=_outcome_class("")) if not changed.empty else note("none"))
+    body.append("</details>")
+    moves = comparison.info_moves
+    body.append(
+        f"<details><summary>Info rows that moved more than {comparison.margin:.0%} ({len(moves)}; "
+        f"{len(comparison.large_info_moves())} by more than x{INFO_LIST_FACTOR:g}): never a regression</summary>"
+    )
+    body.append(table(moves, outcome_columns, row_class=_outcome_class("")) if not moves.empty else note("none"))
     body.append("</details>")
     return section("baseline", "Against the baseline", "\n".join(body))
 

@@ -127,6 +127,7 @@ class Row:
     site: str = ""
     kind: str = "gate"
     better: str = "lower"
+    bound: str | None = None  # `measured` for a threshold derived from this run's noise (parity.compare.MEASURED)
 
     @property
     def failed(self) -> bool:
@@ -137,7 +138,7 @@ def write_rows(report: Any, rows: Sequence[Row], *, mode: str = "eager", seed: i
     for row in rows:
         report.record(
             case=row.case, metric=row.metric, value=row.value, verdict=row.verdict, threshold=row.threshold,
-            detail=row.detail, site=row.site, kind=row.kind, better=row.better, mode=mode, seed=seed,
+            detail=row.detail, site=row.site, kind=row.kind, better=row.better, mode=mode, seed=seed, bound=row.bound,
         )
 
 
@@ -390,7 +391,8 @@ def grid_rows(router: Any, point: GridPoint, device: torch.device, seed: int) ->
     note = f"{point.rows - int(same.sum())} rows with differing ids left out" if decisions else ""
     rows.append(weights_row(point.name, ref_w[same], cand_w[same], TOL_WEIGHTS, note=note))
     verdict, floor = noise_floor_rule(golden_w[same], ref_w[same], cand_w[same], TOL_GOLDEN, name="weights")
-    rows.append(Row(point.name, "rmse_vs_golden", floor.res_error, verdict.verdict, floor.threshold, f"{verdict.detail}; {TOL_GOLDEN.describe()}"))
+    rows.append(Row(point.name, "rmse_vs_golden", floor.res_error, verdict.verdict, floor.threshold, f"{verdict.detail}; {TOL_GOLDEN.describe()}",
+                    bound=verdict.bound))
     flips = [d for d in decisions if d.verdict == TIE_FLIP]
     if flips:
         rows.append(Row(point.name, "tie_flip_max_margin_ulps", max(d.margin_ulps for d in flips), TIE_FLIP, grid.tie_flip_spacings,

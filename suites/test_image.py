@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from parity.compare import FAIL, PASS
+from parity.compare import FAIL, MEASURED, PASS
 from parity.images import psnr, ssim, write_png
 from suites.conftest import require_graph_support
 from suites.dit_support import (
@@ -133,6 +133,7 @@ def judge_pair(
         detail=f"PSNR({golden_path}, {cand_path}) = {cand:.2f} dB; PSNR({golden_path}, {comp_path}) = {floor:.2f} dB "
         f"minus {threshold.golden_max_drop_db:g} dB; data_range={DATA_RANGE:g}; {threshold.reason}",
         better="higher",
+        bound=MEASURED,  # the comparison image's PSNR against the golden, measured in this run
         **where,
     )
 

@@ -9,12 +9,14 @@ import torch
 from tests.ar_support import SEED, TINY, mixed_ids, reference, serving, tiny_dir  # noqa: F401 (fixtures)
 from safetensors.torch import save_file
 
+from parity.compare import Tolerance
 from reference_models import checkpoints, hf_checkpoint
 from reference_models.ar_adapter import ReferenceARAdapter
 from reference_models.mammothmoda2_ar import MammothModa2ForCausalLM
 from serving_models import ar_weights, safetensors_io
 from serving_models.ar_adapter import ServingARAdapter
 from serving_models.mammothmoda2_ar import MammothModa2ForConditionalGeneration
+from tests.noise_checks import assert_same_state, assert_within_noise_floor
 
 
 def test_random_state_dict_follows_the_init_rule() -> None:
@@ -163,12 +165,21 @@ def test_both_implementations_agree_on_the_tiny_checkpoint(reference, serving) -
         torch.testing.assert_close(srv_layer, ref_layer)
 
 
+# The loaded model's tensors sit at other memory alignments than a built one's and CPU GEMM kernels
+# round by alignment, so the two forwards are held to the noise-floor rule, not to bit-identity.
+FORWARD_TOL = Tolerance(1e-5, 1.3e-6, "fp32 accumulation order of the same model's GEMMs (cases/ar.toml serving_vs_reference_fp32)")
+
+
 @torch.no_grad()
 def test_in_memory_build_matches_disk_load(tiny_dir, reference, serving) -> None:
     state = checkpoints.random_state_dict(TINY, SEED)
     ids = mixed_ids()
-    assert torch.equal(ReferenceARAdapter.build(TINY, state).forward(ids).logits, reference.forward(ids).logits)
-    assert torch.equal(ServingARAdapter.build(TINY, state).forward(ids).logits, serving.forward(ids).logits)
+    for cls, loaded in ((ReferenceARAdapter, reference), (ServingARAdapter, serving)):
+        built = cls.build(TINY, state)
+        assert_same_state(built, loaded)  # the claim: both hold the checkpoint's tensors, bitwise
+        golden = cls.build(TINY, state, dtype=torch.float64).forward(ids).logits
+        assert_within_noise_floor(golden, built.forward(ids).logits, loaded.forward(ids).logits, FORWARD_TOL,
+                                  name=f"{cls.__name__} loaded vs built logits")
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.ar_support import GEN_LAST, SEED, START
+from tests.noise_checks import assert_same_greedy
 
 from reference_models.ar_adapter import ReferenceARAdapter
 from reference_models.ar_config import ar_config
@@ -60,10 +61,10 @@ def test_cuda_graph_decode_replays_gen_tokens_on_tiny() -> None:
     prompt = torch.tensor([[5, 9, 262, 300], [7, 8, 9, 10]], device="cuda")
     replayed = captured.greedy_generate(prompt, 6, step_fn=step)
     want = eager.greedy_generate(prompt, 6)
-    assert torch.equal(replayed.tokens, want.tokens)
-    # the graph blends all rows, eager gathers mixed rows per expert: GEMM-shape rounding only
-    torch.testing.assert_close(replayed.step_logits, want.step_logits)
-    torch.testing.assert_close(replayed.step_logits, reference.greedy_generate(prompt, 6).step_logits)
+    # the graph blends all rows, eager gathers mixed rows per expert: GEMM-shape rounding only, so
+    # step logits at fp32 noise and tokens equal up to a tie flip (tests/noise_checks.py)
+    assert_same_greedy(want, replayed)
+    assert_same_greedy(reference.greedy_generate(prompt, 6), replayed)
     # a gen token fed to the graph captured on zeros takes gen_mlp: compare with forcing it to und
     captured.prefill(prompt)
     logits = step(torch.tensor([[GEN_LAST], [START]], device="cuda"), torch.full((2,), 4, device="cuda"))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from parity.report import COLUMNS, read_results
-from tests.helpers import PROJECT_ROOT, run_parity, run_pytest
+from tests.helpers import PROJECT_ROOT, run_parity, run_pytest, subprocess_env
 
 
 def _only_run_dir(report_dir: Path) -> Path:
@@ -152,3 +152,153 @@ def test_mutation_score_counts_killed_of_applicable_mutants_per_suite(tmp_path: 
     assert score.per_suite == {"decode": (1, 2), "image": (1, 1)}
     assert score.line().startswith("mutation score: 2/3 applicable mutants killed on this lane (decode 1/2, image 1/1)")
     assert "not applicable here: d" in score.line() and "SURVIVED: b" in score.line()
+
+
+# ---- CPU kernel sets and threads (docs/cpu-kernels.md) -------------------------------------------
+
+
+def test_onednn_cap_follows_aten_capability_below_avx512() -> None:
+    from parity.env import ONEDNN_ALIGNED_ENV, align_onednn_isa
+
+    for capability, cap in (("default", "SSE41"), ("AVX2", "AVX2")):
+        environ = {"ATEN_CPU_CAPABILITY": capability}
+        assert align_onednn_isa(environ) == cap
+        assert environ == {"ATEN_CPU_CAPABILITY": capability, "ONEDNN_MAX_CPU_ISA": cap, ONEDNN_ALIGNED_ENV: capability.lower()}
+    for environ in ({}, {"ATEN_CPU_CAPABILITY": "avx512"}, {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+                    {"ATEN_CPU_CAPABILITY": "default", "DNNL_MAX_CPU_ISA": "AVX2"}):
+        before = dict(environ)
+        assert align_onednn_isa(environ) is None and environ == before  # a user's own cap is left alone
+    # A mark inherited from a parent whose cap was replaced is dropped (the note would be false).
+    inherited = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2", ONEDNN_ALIGNED_ENV: "default"}
+    assert align_onednn_isa(inherited) is None and ONEDNN_ALIGNED_ENV not in inherited
+
+
+KERNELS = '''
+import os, subprocess, sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def test_bf16_attention_runs_and_children_inherit_the_cap():
+    q = torch.randn(1, 4, 64, 24, dtype=torch.bfloat16)  # the DiT's tiny attention shape (smaller ones skip the packing)
+    F.scaled_dot_product_attention(q, q, q)  # "pack_vnni2 is only supported when avx512 is supported" without the cap
+    assert torch.get_num_threads() == int(os.environ.get("EXPECT_THREADS", "1"))
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('ONEDNN_MAX_CPU_ISA', ''))"],
+                           capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == os.environ["EXPECT_ISA"]
+
+
+def test_rows(report):
+    report.record(metric="m", value=1.0)
+'''
+
+
+@pytest.fixture
+def kernels(tmp_path: Path) -> Path:
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["parity.plugin"]\n')
+    (tmp_path / "test_kernels.py").write_text(KERNELS.replace("def test_rows", "@pytest.mark.suite('other')\ndef test_rows"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_the_plugin_caps_onednn_for_default_kernels_in_workers_and_children(kernels: Path, workers: list[str]) -> None:
+    out = kernels / "out"
+    args = [str(kernels), "--report-dir", str(out), "--run-id", "r", *workers]
+    result = run_pytest(args, cwd=kernels, ATEN_CPU_CAPABILITY="default", EXPECT_ISA="SSE41", OMP_NUM_THREADS="2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "parity: ONEDNN_MAX_CPU_ISA=SSE41 set by parity to match ATEN_CPU_CAPABILITY=default" in result.stdout
+    import json
+
+    info = json.loads((out / "r" / "run.json").read_text())
+    assert info["cpu_kernels"]["ONEDNN_MAX_CPU_ISA"] == "SSE41" and info["cpu_kernels"]["cpu_capability"] == "DEFAULT"
+    assert "set by parity" in info["cpu_kernels"]["note"] and info["cpu_threads"] == 1  # OMP_NUM_THREADS=2 does not win
+
+
+def test_parity_cpu_threads_sets_the_thread_count_and_a_users_cap_is_kept(kernels: Path) -> None:
+    out = kernels / "out"
+    result = run_pytest([str(kernels), "--report-dir", str(out), "--run-id", "r"], cwd=kernels,
+                        PARITY_CPU_THREADS="2", EXPECT_THREADS="2", ATEN_CPU_CAPABILITY="default",
+                        ONEDNN_MAX_CPU_ISA="AVX2", EXPECT_ISA="AVX2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "set by parity" not in result.stdout and "2 thread(s)" in result.stdout
+    bad = run_pytest([str(kernels), "-q"], cwd=kernels, PARITY_CPU_THREADS="two")
+    assert bad.returncode != 0 and "PARITY_CPU_THREADS='two': expected a positive integer" in bad.stdout + bad.stderr
+
+
+def test_without_the_cap_default_kernels_fail_bf16_attention_on_an_amx_cpu(kernels: Path) -> None:
+    """The defect the cap answers, where this machine has it: oneDNN left at its own ISA on an
+    AVX-512/AMX CPU while ATen runs its default kernels."""
+    import torch
+
+    if not torch.cpu._is_amx_tile_supported():
+        pytest.skip("this CPU has no AMX: oneDNN never picks the VNNI packing that fails under default ATen kernels")
+    result = run_pytest([str(kernels), "-q", "-k", "bf16"], cwd=kernels, ATEN_CPU_CAPABILITY="default",
+                        ONEDNN_MAX_CPU_ISA="ALL", EXPECT_ISA="ALL")
+    assert result.returncode == 1 and "pack_vnni2" in result.stdout
+
+
+def test_inductor_cache_dir_is_kept_apart_per_kernel_set() -> None:
+    from parity.env import isolate_inductor_cache
+
+    for capability in ("default", "avx2", "avx512"):
+        environ = {"ATEN_CPU_CAPABILITY": capability}
+        path = isolate_inductor_cache(environ)
+        assert path is not None and path.endswith(f"-aten-{capability}") and environ["TORCHINDUCTOR_CACHE_DIR"] == path
+    assert isolate_inductor_cache({}) is None  # the machine's own kernels keep Inductor's default
+    mine = {"ATEN_CPU_CAPABILITY": "default", "TORCHINDUCTOR_CACHE_DIR": "/somewhere/mine"}
+    assert isolate_inductor_cache(mine) is None and mine["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/mine"
+    # A directory chosen for a parent on another kernel set is not a user's choice: re-derived.
+    parent = {"ATEN_CPU_CAPABILITY": "default"}
+    isolate_inductor_cache(parent)
+    child = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": parent["TORCHINDUCTOR_CACHE_DIR"]}
+    assert isolate_inductor_cache(child).endswith("-aten-avx2")
+    native = {"TORCHINDUCTOR_CACHE_DIR": parent["TORCHINDUCTOR_CACHE_DIR"]}
+    assert isolate_inductor_cache(native) is None and not native["TORCHINDUCTOR_CACHE_DIR"].endswith("-aten-default")
+
+
+COMPILED_REDUCTION = '''
+import torch
+
+
+def test_compiled_reduction_on_two_threads():
+    torch.set_num_threads(2)
+    f = torch.compile(lambda x, w: (x[:, :, None] * w).sum(1), fullgraph=True)
+    x, w = torch.randn(64, 128), torch.randn(128, 32)
+    torch.testing.assert_close(f(x, w), (x[:, :, None] * w).sum(1), rtol=1e-5, atol=1e-5)
+'''
+
+
+@pytest.mark.slow  # three Inductor compiles in fresh processes: about 30 s
+def test_a_default_kernel_compile_after_a_native_one_needs_its_own_inductor_cache(tmp_path: Path) -> None:
+    """Measured with torch 2.13: after a native (AVX-512) compile with 2 threads, the same compile
+    under ATEN_CPU_CAPABILITY=default in the same Inductor cache fails to build its C++ ("'at::vec'
+    has not been declared"). The plugin gives each kernel set its own cache directory."""
+    import subprocess
+    import sys
+
+    import torch
+
+    with_plugin, without = tmp_path / "with", tmp_path / "without"
+    for folder, conftest in ((with_plugin, 'pytest_plugins = ["parity.plugin"]\n'), (without, "")):
+        folder.mkdir()
+        (folder / "conftest.py").write_text(conftest)
+        (folder / "test_compile.py").write_text(COMPILED_REDUCTION)
+    (tmp_path / "tmp").mkdir()
+    base = {k: v for k, v in subprocess_env(PARITY_CPU_THREADS="2", TMPDIR=str(tmp_path / "tmp")).items()
+            if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
+
+    def pytest_in(folder: Path, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(folder), "--report-dir", str(folder / "out")]
+                              if folder == with_plugin else [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(folder)],
+                              cwd=folder, env={**base, **extra}, capture_output=True, text=True, timeout=600)
+
+    native = pytest_in(with_plugin)
+    assert native.returncode == 0, native.stdout + native.stderr
+    isolated = pytest_in(with_plugin, ATEN_CPU_CAPABILITY="default")
+    assert isolated.returncode == 0, isolated.stdout + isolated.stderr
+    shared = pytest_in(without, ATEN_CPU_CAPABILITY="default")  # no plugin: Inductor's one cache
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this machine's own kernels are the default set: nothing to keep apart")
+    assert shared.returncode == 1 and "at::vec" in shared.stdout, shared.stdout[-3000:]

@@ -148,6 +148,15 @@ def test_noise_floor_rule_passes_within_the_multiplier_and_fails_beyond() -> Non
     assert rec.ref_error == pytest.approx(1e-3, rel=0.05) and rec.ratio == pytest.approx(1.5, rel=0.1)
     bad, rec = noise_floor_rule(golden, eager, _noisy(golden, 3e-3, 3), tol)
     assert bad.verdict == FAIL and bad.threshold == pytest.approx(2 * rec.ref_error + 1e-7)
+    assert ok.bound == bad.bound == "measured"  # the threshold is this run's noise, not a policy
+
+
+def test_a_verdicts_bound_is_fixed_with_a_threshold_and_empty_without() -> None:
+    assert Verdict(PASS, "max_abs", 1e-7, 1e-5).bound == "fixed"
+    assert Verdict(PASS, "assertion", math.nan, None).bound == ""
+    assert Verdict(PASS, "rmse_vs_golden", 1e-7, 2e-7, bound="measured").bound == "measured"
+    with pytest.raises(ValueError, match="bound must be one of"):
+        Verdict(PASS, "m", 0.0, 1.0, bound="guessed")
 
 
 def test_noise_floor_rule_uses_three_for_half_precision_and_small_tensors() -> None:

@@ -8,7 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from parity.compare import Tolerance
 from tests.dit_support import latents, tiny_state
+from tests.noise_checks import assert_same_state, assert_within_noise_floor
 from reference_models.dit_adapter import ReferenceDiT
 from reference_models.dit_checkpoint import (
     CheckpointMismatchError,
@@ -22,6 +24,22 @@ from serving_models.dit_adapter import ServingDiT
 from serving_models.dit_loader import CheckpointMismatchError as ServingMismatchError
 
 ADAPTERS = [ReferenceDiT, ServingDiT]
+# A loaded model's tensors sit at other memory alignments than a built one's, and CPU GEMM kernels
+# round by alignment (reproduced here with MKL_ENABLE_INSTRUCTIONS=SSE4_2: 1.4e-6 apart), so the
+# two forwards are judged by the noise-floor rule; the pre-check is the DiT's fp32 bound.
+FORWARD_TOL = Tolerance(1e-5, 1e-5, "fp32 accumulation order of the same model's GEMMs (cases/dit.toml serving_vs_reference_fp32)")
+
+
+def check_round_trip(cls, directory, state, x, t, text_len: int) -> None:
+    """The loaded model holds the state's tensors bitwise; its forward equals the built one's
+    within the fp32 noise floor (against an fp64 build of the same state)."""
+    loaded, built = cls.load(directory), cls.build(tiny_config(), state)
+    assert_same_state(loaded, built)
+    golden = cls.build(tiny_config(), state, dtype=torch.float64)
+    text, mask = loaded.text_condition(text_len, seed=0)
+    want = golden.forward(x.double(), t.double(), text.double(), mask)
+    assert_within_noise_floor(want, built.forward(x, t, text, mask), loaded.forward(x, t, text, mask), FORWARD_TOL,
+                              name=f"{cls.__name__} loaded vs built")
 
 
 def test_tensor_names_are_upstream_names():
@@ -106,12 +124,7 @@ def test_checkpoint_round_trip(tiny_dir):
     assert stored.keys() == state.keys() and all(torch.equal(stored[k], state[k]) for k in state)
     x, t = latents((1, 16, 32, 32)), torch.tensor([0.5])
     for cls in ADAPTERS:
-        loaded = cls.load(tiny_dir)
-        built = cls.build(tiny_config(), state)
-        text, mask = loaded.text_condition(4, seed=0)
-        assert torch.equal(loaded.forward(x, t, text, mask), built.forward(x, t, text, mask))
-        loaded_params = dict(loaded.module.named_parameters())
-        assert torch.equal(loaded_params["layers.1.norm1.linear.weight"], state["layers.1.norm1.linear.weight"])
+        check_round_trip(cls, tiny_dir, state, x, t, text_len=4)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
@@ -130,9 +143,7 @@ def test_sharded_checkpoint_round_trip(tmp_path):
     assert len(set(index["weight_map"].values())) > 1 and not (out / "model.safetensors").exists()
     x, t = latents((1, 16, 16, 16)), torch.tensor([0.5])
     for cls in ADAPTERS:
-        adapter = cls.load(out)
-        text, mask = adapter.text_condition(3, seed=0)
-        assert torch.equal(adapter.forward(x, t, text, mask), cls.build(tiny_config(), state).forward(x, t, text, mask))
+        check_round_trip(cls, out, state, x, t, text_len=3)
 
 
 @pytest.mark.parametrize("cls,error", [(ReferenceDiT, CheckpointMismatchError), (ServingDiT, ServingMismatchError)])

@@ -87,7 +87,34 @@ def test_reference_tables_and_serving_direct_angles_agree_bitwise(dtype):
     ids = RotaryPosEmbed.position_ids([5, 77], (16, 32), torch.device("cpu"))
     ref = RotaryPosEmbed(config)(ids, dtype)
     srv = RotaryEmbedding3D(ServingDiTConfig.coerce(config))(ids, dtype)
+    # Bitwise holds by construction: the angles are the same fp64 products on both sides, and cos /
+    # sin give one angle the same bits wherever it sits in a tensor (the test below guards that).
     assert torch.equal(ref[0], srv[0]) and torch.equal(ref[1], srv[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cos_and_sin_bits_do_not_depend_on_position(dtype):
+    """The premise of the bitwise RoPE comparison above: the reference takes cos / sin of a table
+    and serving of gathered angles, so one angle sits at different positions of differently shaped
+    tensors. ATen's own vectorized kernels may round a tensor's vector body and its scalar tail
+    differently (torch.sigmoid does; the router avoids it for that reason); cos and sin must not,
+    under any kernel set (checked here on the one this process runs: docs/cpu-kernels.md)."""
+    angles = (torch.rand(4099, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 400).to(dtype)
+    for fn in (torch.cos, torch.sin):
+        assert _positions_that_round_differently(fn, angles) == 0, fn.__name__
+
+    def last_element_rounds_up(x: torch.Tensor) -> torch.Tensor:  # a kernel whose tail rounds its own way
+        out = torch.cos(x)
+        out[-1] = torch.nextafter(out[-1], torch.tensor(math.inf, dtype=out.dtype))
+        return out
+
+    assert _positions_that_round_differently(last_element_rounds_up, angles) == angles.numel() - 1
+
+
+def _positions_that_round_differently(fn, values: torch.Tensor) -> int:
+    """How many values get other bits from `fn` on the whole tensor than from `fn` alone."""
+    one_by_one = torch.cat([fn(values[i : i + 1]) for i in range(values.numel())])
+    return int((fn(values) != one_by_one).sum())
 
 
 def test_reference_rejects_positions_outside_axes_lens():

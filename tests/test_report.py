@@ -32,9 +32,26 @@ def test_rows_get_the_run_context_and_all_columns(tmp_path: Path) -> None:
     assert (tmp_path / "results.csv").read_text().count("run_id,") == 1
 
 
+def test_a_rows_bound_says_how_its_threshold_was_set(tmp_path: Path) -> None:
+    writer = ReportWriter(tmp_path, CONTEXT)
+    writer.write(_row())  # a threshold and no word on it: a policy
+    writer.write(_row(case="measured", metric="rmse_vs_golden", bound="measured"))
+    writer.write(_row(case="no-bound", metric="assertion", value=None, threshold=None))
+    assert read_results(tmp_path)["bound"].tolist() == ["fixed", "measured", ""]
+
+
+def test_results_written_before_the_bound_column_still_load(tmp_path: Path) -> None:
+    ReportWriter(tmp_path, CONTEXT).write(_row())
+    frame = pd.read_csv(tmp_path / "results.csv", dtype=str, keep_default_na=False).drop(columns="bound")
+    frame.to_csv(tmp_path / "results.csv", index=False)
+    loaded = read_results(tmp_path)
+    assert list(loaded.columns) == [c for c in COLUMNS if c != "bound"] + ["bound"] and loaded["bound"].tolist() == [""]
+
+
 @pytest.mark.parametrize(
     "bad, message",
-    [({"colour": "red"}, "unknown report columns"), ({"verdict": "ok"}, "verdict must be one of"), ({"kind": "x"}, "kind must be"), ({"case": ""}, "needs 'case'")],
+    [({"colour": "red"}, "unknown report columns"), ({"verdict": "ok"}, "verdict must be one of"), ({"kind": "x"}, "kind must be"),
+     ({"case": ""}, "needs 'case'"), ({"bound": "guessed"}, "bound must be one of")],
 )
 def test_bad_rows_are_rejected_with_the_reason(tmp_path: Path, bad, message) -> None:
     with pytest.raises(ReportError, match=message):

@@ -12,12 +12,15 @@ import pytest
 from parity import baseline as baseline_mod
 from parity.baseline import (
     BASELINE_COLUMNS,
+    MEASURED_BOUND_FACTOR,
+    MEASURED_GROUP_MIN,
     VOLATILE_COLUMNS,
     BaselineError,
     allowance_used,
     compare_rows,
     default_baseline_path,
     device_kind,
+    format_comparison,
     load_rows,
     write_baseline,
 )
@@ -40,7 +43,7 @@ def template(tiny_run: TinyRun) -> pd.Series:
 
 
 def rows(template: pd.Series, *specs: dict) -> pd.DataFrame:
-    base = {"site": "", "detail": "", "kind": "gate", "better": "lower", "verdict": "pass", "threshold": math.nan}
+    base = {"site": "", "detail": "", "kind": "gate", "better": "lower", "verdict": "pass", "threshold": math.nan, "bound": ""}
     return pd.DataFrame([{**template.to_dict(), **base, **spec} for spec in specs])
 
 
@@ -107,8 +110,105 @@ def test_info_rows_are_reported_but_never_fail(template: pd.Series) -> None:
     old = one(template, metric="rel_l2", kind="info", value=1e-7)
     new = one(template, metric="rel_l2", kind="info", value=5e-7, verdict="fail")
     result = compare_rows(old, new)
-    assert result.ok and result.regressions.empty
-    assert "info worse" in result.changed.iloc[0]["why"]
+    assert result.ok and result.regressions.empty and result.changed.empty
+    assert "info worse" in result.info_moves.iloc[0]["why"]
+
+
+def test_info_moves_are_counted_and_only_large_ones_listed(template: pd.Series) -> None:
+    """Info rows are noise metrics (max ULP, rel L2, ...): between kernel sets they move by a few
+    times; the listing names those that moved by more than an order of magnitude or went non-finite."""
+    specs = [("small", 1.85e5, 8.7e5), ("large", 1e-8, 3e-6), ("from-zero", 0.0, 2e-7), ("nan", 1.0, math.nan), ("still", 1.0, 1.05)]
+    old = rows(template, *({"suite": "numerics", "case": c, "metric": "max_ulp", "kind": "info", "value": v} for c, v, _ in specs))
+    new = rows(template, *({"suite": "numerics", "case": c, "metric": "max_ulp", "kind": "info", "value": v} for c, _, v in specs))
+    result = compare_rows(old, new)
+    assert result.ok and sorted(result.info_moves["case"]) == ["from-zero", "large", "nan", "small"]
+    assert sorted(result.large_info_moves()["case"]) == ["from-zero", "large", "nan"]
+    text = format_comparison(result)
+    assert "info rows moved more than 20%: 4 (never a regression); by more than x10: 3" in text
+    assert "numerics/large/" in text and "numerics/small/" not in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds: fixed (a policy) vs measured (noise of this run), tie flips
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_fixed_bound_equal_up_to_float_repr_is_unchanged(template: pd.Series) -> None:
+    old = one(template, value=1e-7, threshold=0.1 + 0.2)
+    same = compare_rows(old, one(template, value=1e-7, threshold=0.3))  # 0.30000000000000004 vs 0.3
+    assert same.ok and same.changed.empty
+    raised = compare_rows(old, one(template, value=1e-7, threshold=0.3 * (1 + 1e-6)))  # a real (if tiny) change
+    assert "bound loosened" in raised.regressions.iloc[0]["why"]
+
+
+def test_a_measured_bound_moving_with_the_kernels_is_not_loosened_past_the_factor_it_is(template: pd.Series) -> None:
+    """The issue's rows: `rmse_vs_golden 5.996e-09 -> 8.116e-09 (bound 2.243e-07): bound loosened:
+    2.18e-07 -> 2.243e-07`, a noise-floor bound re-measured on another kernel set."""
+    spec = dict(suite="routing", metric="rmse_vs_golden", bound="measured")
+    old = one(template, value=5.996e-9, threshold=2.18e-7, **spec)
+    moved = compare_rows(old, one(template, value=8.116e-9, threshold=2.243e-7, **spec))
+    assert moved.ok and moved.regressions.empty
+    grown = 2.18e-7 * MEASURED_BOUND_FACTOR * 1.01
+    loosened = compare_rows(old, one(template, value=8.116e-9, threshold=grown, **spec))
+    assert f"bound loosened (more than x{MEASURED_BOUND_FACTOR:g} for a measured bound)" in loosened.regressions.iloc[0]["why"]
+    # The same numbers as a fixed bound (a policy) are a loosening.
+    fixed = compare_rows(one(template, value=5.996e-9, threshold=2.18e-7), one(template, value=8.116e-9, threshold=2.243e-7))
+    assert "bound loosened: 2.18e-07 -> 2.243e-07" in fixed.regressions.iloc[0]["why"]
+    # A policy replaced by a measurement is a loosening whatever the numbers.
+    swapped = compare_rows(one(template, value=1e-9, threshold=2.18e-7, **{**spec, "bound": "fixed"}),
+                           one(template, value=1e-9, threshold=2.18e-7, **spec))
+    assert "a fixed bound became a measured one" in swapped.regressions.iloc[0]["why"]
+
+
+def test_measured_bounds_that_grow_together_are_a_loosened_policy(template: pd.Series) -> None:
+    """Kernel noise moves each measured bound its own way (up to x1.52 on one row between kernel
+    sets, geometric mean within x1.0012 over the 512 routing rows); a changed multiplier or floor
+    moves all of them at once."""
+    n = MEASURED_GROUP_MIN * 2
+    spec = lambda i, bound: {"suite": "routing", "case": f"grid-{i}", "metric": "rmse_vs_golden", "value": 1e-8,  # noqa: E731
+                             "threshold": bound, "bound": "measured"}
+    old = rows(template, *(spec(i, 2.2e-7) for i in range(n)))
+    noisy = rows(template, *(spec(i, 2.2e-7 * (1.45 if i % 2 else 1 / 1.4)) for i in range(n)))  # each row moves, the mean does not
+    assert compare_rows(old, noisy).ok
+    policy = rows(template, *(spec(i, 2.2e-7 * 1.15) for i in range(n)))  # every row 15% looser: within the per-row factor
+    result = compare_rows(old, policy)
+    assert len(result.regressions) == 1
+    why = result.regressions.iloc[0]["why"]
+    assert result.regressions.iloc[0]["case"] == f"({n} rows)" and "the measured bounds grew by x1.15" in why
+    few = compare_rows(old.head(MEASURED_GROUP_MIN - 1), policy.head(MEASURED_GROUP_MIN - 1))
+    assert few.ok  # too few rows to tell a policy from noise: the per-row factor alone decides
+
+
+def test_measured_bound_rows_are_judged_by_verdict(template: pd.Series) -> None:
+    spec = dict(suite="numerics", metric="rmse_vs_golden", bound="measured")
+    old = one(template, value=1e-7, threshold=1e-6, **spec)  # 10% of its bound
+    busier = compare_rows(old, one(template, value=6e-7, threshold=1e-6, **spec))  # 60%: kernels' noise, not a regression
+    assert busier.ok and "(a measured bound: judged by verdict)" in busier.changed.iloc[0]["why"]
+    failed = compare_rows(old, one(template, value=2e-6, threshold=1e-6, verdict="fail", **spec))
+    assert list(failed.regressions["why"]) == ["verdict pass -> fail"]
+    # A fixed bound with the same numbers keeps the margin rule.
+    assert "worse: uses 10.0% -> 60.0%" in compare_rows(one(template, value=1e-7, threshold=1e-6), one(template, value=6e-7, threshold=1e-6)).regressions.iloc[0]["why"]
+
+
+def test_tie_flip_rows_are_judged_by_verdict(template: pd.Series) -> None:
+    """A greedy decode that tie-flips at step 10 on another CPU matched 10 of 64 steps: its share
+    of the bound jumps, but a tie flip is a decision inside the dtype's noise."""
+    spec = dict(suite="decode", metric="matched_steps", better="higher", threshold=64.0)
+    result = compare_rows(one(template, value=64.0, **spec), one(template, value=10.0, verdict="tie_flip", **spec))
+    assert result.ok and "(a tie flip: judged by verdict)" in result.changed.iloc[0]["why"]
+    assert not compare_rows(one(template, value=64.0, **spec), one(template, value=10.0, verdict="fail", **spec)).ok
+
+
+def test_files_without_the_bound_column_still_load_and_compare(template: pd.Series, tmp_path: Path) -> None:
+    spec = dict(suite="routing", metric="rmse_vs_golden")
+    old = one(template, value=5.996e-9, threshold=2.18e-7, **spec)
+    path = tmp_path / "old.csv"
+    old[list(BASELINE_COLUMNS)].drop(columns="bound").to_csv(path, index=False)
+    loaded = load_rows(path)
+    assert list(loaded["bound"]) == [""]
+    # The run says how its bound was set; a baseline that does not say is read by the run's word.
+    assert compare_rows(loaded, one(template, value=8.116e-9, threshold=2.243e-7, bound="measured", **spec)).ok
+    assert not compare_rows(loaded, one(template, value=8.116e-9, threshold=2.243e-7, bound="fixed", **spec)).ok
 
 
 def test_rows_match_on_site_and_duplicates_match_in_order(template: pd.Series) -> None:
@@ -164,6 +264,60 @@ def test_device_kind_and_default_path(tiny_run: TinyRun) -> None:
     assert device_kind("cpu", "x86_64") == "cpu"
     path = default_baseline_path(tiny_run.run_dir, read_results(tiny_run.run_dir))
     assert path == PROJECT_ROOT / "reports" / "baselines" / "cpu-fp32.csv"
+
+
+# ---------------------------------------------------------------------------------------------
+# Real runs under other kernel sets: a correct run reviews clean, a mutant's run does not
+# ---------------------------------------------------------------------------------------------
+
+# Recorded with this tree's `parity run` (every suite but sensitivity and benchmarks, -n 2) on an
+# Intel Xeon with AVX-512 and AMX, torch 2.13.0 CPU, under six kernel sets, and once with
+# `--target suites.mutants:mutant_rmsnorm_eps_1e_5` (default kernels, 1 thread); kept as baselines
+# (volatile columns dropped) with the detail text blanked to keep them small. The names say the
+# kernel set: ATEN_CPU_CAPABILITY (avx512 = the CPU's own; sse4_2 and avx2 also set
+# MKL_ENABLE_INSTRUCTIONS) and PARITY_CPU_THREADS. docs/machine-independence.md tabulates them.
+KERNEL_SET_RUNS = PROJECT_ROOT / "tests" / "data" / "kernel_sets"
+CROSS_KERNEL_PAIRS = [
+    ("avx512-t1", "default-t1"), ("default-t1", "avx512-t1"),  # the committed baseline's kernels vs ATen's default
+    ("avx512-t1", "avx512-t2"), ("avx512-t2", "avx512-t1"),  # 1 vs 2 threads
+    ("default-t2", "avx512-t1"), ("avx512-t2", "default-t1"),  # both at once
+    ("avx2-t1", "sse4_2-t1"), ("sse4_2-t1", "avx2-t1"),  # the pair whose fixed-bound rows moved most (0.137 of a bound)
+]
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict[str, pd.DataFrame]:
+    return {path.name.removesuffix(".csv.gz"): load_rows(path) for path in sorted(KERNEL_SET_RUNS.glob("*.csv.gz"))}
+
+
+@pytest.mark.parametrize("baseline_run, reviewed", CROSS_KERNEL_PAIRS, ids=[f"{a}-reviewed-by-{b}" for a, b in CROSS_KERNEL_PAIRS])
+def test_a_correct_run_reviews_clean_against_a_baseline_of_another_kernel_set(recorded, baseline_run: str, reviewed: str) -> None:
+    result = compare_rows(recorded[baseline_run], recorded[reviewed], name=baseline_run)
+    assert result.matched > 4000 and result.new.empty and result.vanished.empty
+    assert result.ok and result.regressions.empty, format_comparison(result)
+
+
+def test_the_old_rule_flagged_those_runs_and_the_margin_is_measured(recorded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broken variants: every bound read as a policy (the old rule) and the old 10% margin."""
+    assert compare_rows(recorded["avx512-t1"], recorded["default-t1"]).ok
+    monkeypatch.setattr(baseline_mod, "bound_kind", lambda old, new: "fixed")
+    as_policies = compare_rows(recorded["avx512-t1"], recorded["default-t1"])
+    assert len(as_policies.regressions) > 100 and as_policies.regressions["why"].str.startswith("bound loosened").all()
+    monkeypatch.undo()
+    tenth = compare_rows(recorded["avx2-t1"], recorded["sse4_2-t1"], margin=0.10)
+    assert list(tenth.regressions["metric"]) == ["max_abs"] and "worse: uses" in tenth.regressions.iloc[0]["why"]
+
+
+@pytest.mark.parametrize("baseline_run", ["avx512-t1", "default-t1"])
+def test_a_mutants_run_still_shows_regressions_against_any_kernel_set(recorded, baseline_run: str) -> None:
+    """RMSNorm eps 1e-5 instead of 1e-6 in the serving model, its rows labelled as the built-in
+    target's (the defect as if it had landed there; a baseline of another target is refused)."""
+    mutant = recorded["mutant-rmsnorm-eps-default-t1"]
+    assert set(mutant["target"]) == {"suites.mutants:mutant_rmsnorm_eps_1e_5"}
+    result = compare_rows(recorded[baseline_run], mutant.assign(target="serving"))
+    assert not result.ok and len(result.regressions) > 100
+    assert {"numerics", "decode"} <= set(result.regressions["suite"])
+    assert (result.regressions["why"] == "verdict pass -> fail").all()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import torch
 
 import serving_models.routing as serving_routing
 from reference_models import routing as reference_routing
+from tests.noise_checks import routing_tie_flips
 
 pytestmark = pytest.mark.gpu
 
@@ -96,9 +97,14 @@ def test_cuda_compile_fullgraph_matches_eager():
     count = torch.tensor([40], dtype=torch.int32, device=device)
     compiled = torch.compile(lambda x, n, b: tuple(route("grouped", x, n, b)), fullgraph=True)
     got, want = compiled(logits, count, bias), route("grouped", logits, count, bias)
-    assert torch.equal(got[1], want.ids)
+    # Inductor computes the keys with its own sigmoid: ids equal up to a tie flip, pad rows exactly -1.
+    options = dict(CASES["grouped"], correction_bias=bias)
+    flips = routing_tie_flips(logits[:40], want.ids[:40], got[1][:40], 8, options)
+    assert torch.equal(got[1][40:], want.ids[40:])
+    kept = torch.ones(CAPACITY, dtype=torch.bool, device=device)
+    kept[flips] = False
     # Inductor's generated exp / fused arithmetic vs ATen's: a few fp32 ulps of weights <= 2.5.
-    assert (got[0] - want.weights).abs().max().item() <= 1e-6
+    assert (got[0][kept] - want.weights[kept]).abs().max().item() <= 1e-6
     torch._dynamo.reset()
 
 

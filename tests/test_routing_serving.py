@@ -11,6 +11,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make
 
 import serving_models.routing as serving_routing
 from reference_models import routing as reference_routing
+from tests.noise_checks import routing_tie_flips
 
 NAN = float("nan")
 
@@ -168,13 +169,19 @@ def test_compiles_fullgraph_with_inductor(fresh_dynamo):
     generator = torch.Generator().manual_seed(12)
     logits, bias = torch.randn(CAPACITY, 32, generator=generator), -torch.rand(32, generator=generator) - 1
     count = torch.tensor([CAPACITY], dtype=torch.int32)
+    options = dict(CAPTURE_CASES["grouped"], correction_bias=bias)
     for n in (CAPACITY, 5, 0):
         count.fill_(n)
         got, want = compiled(logits, count, bias), fn(logits, count, bias)
-        assert torch.equal(got[1], want[1]), f"compiled ids differ at n_valid={n}"
+        # Inductor computes the keys with its own sigmoid: ids equal up to a tie flip (none on this
+        # input on the machines measured), pad rows exactly -1 (an integer fill).
+        flips = routing_tie_flips(logits[:n], want[1][:n], got[1][:n], 4, options)
+        assert torch.equal(got[1][n:], want[1][n:]), f"pad rows at n_valid={n}"
+        kept = torch.ones(CAPACITY, dtype=torch.bool)
+        kept[flips] = False
         # Inductor generates its own exp / fused arithmetic: measured 4.5e-8 on these weights (<= 2.5),
         # i.e. a few fp32 ulps; 1e-6 is still 20x below the cross-implementation bound.
-        assert (got[0] - want[0]).abs().max().item() <= 1e-6
+        assert (got[0][kept] - want[0][kept]).abs().max().item() <= 1e-6
 
 
 @pytest.mark.parametrize("case", sorted(CAPTURE_CASES))
