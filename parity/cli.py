@@ -19,7 +19,7 @@ from pathlib import Path
 from parity import env
 from parity.report import ReportError, format_summary, mutation_score, new_run_id, outcome, read_results
 
-SUITES_DIR = env.PROJECT_ROOT / "suites"
+SUITES_DIR = Path(__file__).resolve().parent / "suites"
 CHECKPOINT_MAKER = "reference_models.checkpoints:make_checkpoint"
 PYTEST_NO_TESTS = 5
 
@@ -29,7 +29,7 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
         "run",
         help="run the parity suites and write a report",
         description=(
-            "Run the parity suites (suites/) through pytest with the parity plugin and write one run "
+            "Run the parity suites (parity/suites/) through pytest with the parity plugin and write one run "
             "directory with results.csv. Prints a per-suite summary (cases, pass, fail, tie_flip, error, "
             "worst metric) and exits non-zero if any check failed or errored."
         ),
@@ -83,7 +83,7 @@ def _add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_review_parser(sub: argparse._SubParsersAction) -> None:
-    from parity.baseline import BASELINE_DIR, DEFAULT_MARGIN
+    from parity.report.baseline import BASELINE_DIR, DEFAULT_MARGIN
 
     review = sub.add_parser(
         "review",
@@ -184,8 +184,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if score is not None:
         print(score.line())
     try:
-        from parity.review import load_review
-        from parity.review_page import write_page
+        from parity.report.review import load_review
+        from parity.report.page import write_page
 
         print(f"review page: {write_page(load_review(run_dir, use_default_baseline=False))}")
     except Exception as exc:  # a broken page must not hide the verdicts printed above, but must not pass
@@ -198,9 +198,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_review(args: argparse.Namespace) -> int:
-    from parity.baseline import BaselineError, default_baseline_path, write_baseline
-    from parity.review import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, format_review, latest_run_dir, load_review
-    from parity.review_page import write_page
+    from parity.report.baseline import BaselineError, default_baseline_path, write_baseline
+    from parity.report.review import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, format_review, latest_run_dir, load_review
+    from parity.report.page import write_page
 
     try:
         run_dir = args.run_dir or latest_run_dir(env.PROJECT_ROOT / "reports" / "runs")

@@ -57,7 +57,7 @@ def load_target(spec: str) -> Any:
 
 
 class CaptureRegistry(Protocol):
-    """The target-owned capture-probe registry (see `serving_models/capture.py`)."""
+    """The target-owned capture-probe registry (see `serving_models/common/capture.py`)."""
 
     def register_capture_probe(self, backend: str, probe: Callable[[], bool] | None) -> Any: ...
     def capture_probe(self, backend: str, probe: Callable[[], bool] | None) -> Any: ...

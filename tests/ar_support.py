@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference_models.ar_adapter import ReferenceARAdapter
-from reference_models.ar_config import ar_config, token_layout
+from reference_models.ar.adapter import ReferenceARAdapter
+from reference_models.ar.config import ar_config, token_layout
 from reference_models.checkpoints import make_checkpoint
-from serving_models.ar_adapter import ServingARAdapter
+from serving_models.ar.adapter import ServingARAdapter
 
 TINY = ar_config("tiny")
 LAYOUT = token_layout("tiny")

@@ -8,6 +8,6 @@ import pytest
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from suites import dit_support
+    from parity.suites.dit import support as dit_support
 
     dit_support.count_block_compiles = lambda ledger, codes: ledger.compiles()

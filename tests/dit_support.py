@@ -6,10 +6,10 @@ import functools
 
 import torch
 
-from reference_models.dit_adapter import ReferenceDiT
-from reference_models.dit_checkpoint import random_state_dict
-from reference_models.dit_config import DiTConfig, tiny_config
-from serving_models.dit_adapter import ServingDiT
+from reference_models.dit.adapter import ReferenceDiT
+from reference_models.dit.checkpoint import random_state_dict
+from reference_models.dit.config import DiTConfig, tiny_config
+from serving_models.dit.adapter import ServingDiT
 
 SEED = 0
 

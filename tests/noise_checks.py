@@ -116,7 +116,7 @@ def routing_tie_flips(logits: torch.Tensor, want_ids: torch.Tensor, got_ids: tor
                       spacings: float = ROUTING_TIE_SPACINGS) -> list[int]:
     """Rows whose routed ids differ between two routers of the same keys computed by different
     kernels; asserts every one is a tie flip (margin above 0 and within `spacings`), returns them."""
-    from suites.routing_support import audit_decisions
+    from parity.suites.routing.support import audit_decisions
 
     decisions = audit_decisions(logits, want_ids, got_ids, k, options, spacings=spacings, exact=False)
     wide = [d for d in decisions if d.verdict != "tie_flip"]

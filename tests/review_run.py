@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from parity.images import psnr, ssim, write_png
+from parity.compare.images import psnr, ssim, write_png
 from parity.report import CONTEXT_COLUMNS, RESULTS_FILE, ReportWriter, read_results
 from tests.helpers import run_parity
 
@@ -57,8 +57,8 @@ def make_tiny_run(report_dir: Path, run_id: str = "tiny") -> TinyRun:
     page_written = (run_dir / "index.html").is_file()
     if SYNTHETIC:
         add_synthetic_suite_rows(run_dir)
-        from parity.review import load_review
-        from parity.review_page import write_page
+        from parity.report.review import load_review
+        from parity.report.page import write_page
 
         write_page(load_review(run_dir, use_default_baseline=False))
     return TinyRun(run_dir, stdout, page_written)

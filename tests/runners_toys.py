@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from parity.capture_isolated import CaptureCase
+from parity.runners.capture_isolated import CaptureCase
 
 GEN_START = 8  # token ids >= GEN_START are generation tokens (routed to the gen expert)
 WIDTH = 4
@@ -143,7 +143,7 @@ class CapturingProbeRecorder(nn.Module):
         return x * 3
 
 
-# Factories for parity.capture_isolated (imported by name in a fresh process).
+# Factories for parity.runners.capture_isolated (imported by name in a fresh process).
 
 
 def host_read_case_cpu() -> CaptureCase:

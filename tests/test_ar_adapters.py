@@ -11,11 +11,11 @@ from tests.noise_checks import assert_same_greedy
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from reference_models import mammothmoda2_ar as ref
-from reference_models.ar_adapter import ReferenceARAdapter
-from serving_models import mammothmoda2_ar as srv
-from serving_models.ar_adapter import ServingARAdapter
-from serving_models.capture import capture_probe
+from reference_models.ar import model as ref
+from reference_models.ar.adapter import ReferenceARAdapter
+from serving_models.ar import model as srv
+from serving_models.ar.adapter import ServingARAdapter
+from serving_models.common.capture import capture_probe
 
 TARGETS = ["reference", "serving"]
 ADAPTER_METHODS = [

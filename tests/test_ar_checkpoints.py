@@ -10,12 +10,14 @@ from tests.ar_support import SEED, TINY, mixed_ids, reference, serving, tiny_dir
 from safetensors.torch import save_file
 
 from parity.compare import Tolerance
-from reference_models import checkpoints, hf_checkpoint
-from reference_models.ar_adapter import ReferenceARAdapter
-from reference_models.mammothmoda2_ar import MammothModa2ForCausalLM
-from serving_models import ar_weights, safetensors_io
-from serving_models.ar_adapter import ServingARAdapter
-from serving_models.mammothmoda2_ar import MammothModa2ForConditionalGeneration
+from reference_models import checkpoints
+from reference_models.common import hf_checkpoint
+from reference_models.ar.adapter import ReferenceARAdapter
+from reference_models.ar.model import MammothModa2ForCausalLM
+from serving_models.ar import weights as ar_weights
+from serving_models.common import safetensors_io
+from serving_models.ar.adapter import ServingARAdapter
+from serving_models.ar.model import MammothModa2ForConditionalGeneration
 from tests.noise_checks import assert_same_state, assert_within_noise_floor
 
 
@@ -75,8 +77,8 @@ def test_round_trip_through_both_implementations(tmp_path, max_shard_bytes) -> N
     assert all(torch.equal(t, state[n]) for n, t in hf_checkpoint.load_state_dict(tmp_path / "ref").items())
 
     # serving: fuses on load, splits back to upstream names on save
-    srv_model = MammothModa2ForConditionalGeneration.from_pretrained(written)
-    srv_model.save_pretrained(tmp_path / "srv", max_shard_bytes=max_shard_bytes)
+    srv_model = ar_weights.from_pretrained(written)
+    ar_weights.save_pretrained(srv_model, tmp_path / "srv", max_shard_bytes=max_shard_bytes)
     resaved = dict(safetensors_io.iterate_weights(tmp_path / "srv"))
     assert resaved.keys() == state.keys() and all(torch.equal(resaved[n], state[n]) for n in state)
     assert json.loads((tmp_path / "srv" / "config.json").read_text()) == json.loads(
@@ -116,7 +118,7 @@ def test_reference_names_every_mismatch_in_one_error(tmp_path) -> None:
 
 def test_serving_names_every_mismatch_in_one_error(tmp_path) -> None:
     with pytest.raises(safetensors_io.WeightMismatchError) as info:
-        MammothModa2ForConditionalGeneration.from_pretrained(_broken_checkpoint(tmp_path))
+        ar_weights.from_pretrained(_broken_checkpoint(tmp_path))
     err = info.value
     # checkpoint names, also for the parts of fused parameters (k_proj.bias inside qkv_proj.bias)
     assert sorted(err.missing) == ["model.layers.0.self_attn.k_proj.bias", "model.layers.3.gen_mlp.up_proj.weight"]
@@ -134,7 +136,7 @@ def test_sharded_index_disagreement_is_an_error(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="model-00001-of-99999"):
         hf_checkpoint.load_state_dict(written)
     with pytest.raises(FileNotFoundError, match="model-00001-of-99999"):
-        MammothModa2ForConditionalGeneration.from_pretrained(written)
+        ar_weights.from_pretrained(written)
 
 
 def test_weight_name_map_covers_every_checkpoint_tensor(serving) -> None:

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from reference_models import ar_config as ref_cfg
-from serving_models import ar_config as srv_cfg
+from reference_models.ar import config as ref_cfg
+from serving_models.ar import config as srv_cfg
 
 MOE_ENABLES = {"reference": ref_cfg.moe_enable, "serving": srv_cfg.moe_enable}
 

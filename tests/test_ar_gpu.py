@@ -18,10 +18,10 @@ import torch
 from tests.ar_support import GEN_LAST, SEED, START
 from tests.noise_checks import assert_same_greedy
 
-from reference_models.ar_adapter import ReferenceARAdapter
-from reference_models.ar_config import ar_config
+from reference_models.ar.adapter import ReferenceARAdapter
+from reference_models.ar.config import ar_config
 from reference_models.checkpoints import random_state_dict
-from serving_models.ar_adapter import ServingARAdapter
+from serving_models.ar.adapter import ServingARAdapter
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[1]
@@ -80,9 +80,9 @@ def test_cuda_capture_without_mask_fails_closed() -> None:
     code = textwrap.dedent(
         """
         import torch
-        from reference_models.ar_config import ar_config
+        from reference_models.ar.config import ar_config
         from reference_models.checkpoints import random_state_dict
-        from serving_models.ar_adapter import ServingARAdapter
+        from serving_models.ar.adapter import ServingARAdapter
         config = ar_config("tiny")
         adapter = ServingARAdapter.build(config, random_state_dict(config, 0, "cuda"), "cuda")
         embeds = adapter.embed(torch.zeros(1, 4, dtype=torch.long, device="cuda"))

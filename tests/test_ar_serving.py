@@ -9,11 +9,11 @@ from tests.ar_support import GEN_LAST, LAYOUT, START, TINY, mixed_ids, reference
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from serving_models import ar_runner
-from serving_models import mammothmoda2_ar as srv
-from serving_models.ar_adapter import ServingARAdapter
-from serving_models.ar_config import QWEN3_MODEL_TYPE
-from serving_models.capture import capture_probe
+from serving_models.ar import runner as ar_runner
+from serving_models.ar import model as srv
+from serving_models.ar.adapter import ServingARAdapter
+from serving_models.ar.config import QWEN3_MODEL_TYPE
+from serving_models.common.capture import capture_probe
 
 CAPTURING = lambda: True  # noqa: E731 (the CPU stand-in's probe while tracing)
 

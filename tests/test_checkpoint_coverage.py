@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from parity.checkpoint import CheckpointError, coverage, group_by_prefix, list_tensors
+from parity.observe.weight_reads import CheckpointError, coverage, group_by_prefix, list_tensors
 
 
 class TwoExperts(torch.nn.Module):

@@ -11,7 +11,7 @@ import torch
 import torch._dynamo
 from torch._dynamo import convert_frame
 
-from parity.compile_watch import (
+from parity.observe.compile_ledger import (
     CompileLedger,
     CompileWatchUnavailable,
     code_of,

@@ -6,8 +6,8 @@ import torch
 from tests.runners_toys import WIDTH, seeded_linear
 from torch import nn
 
-from parity.compile_watch import CompileLedger, fail_on_recompile
-from parity.regional import compile_repeated_blocks
+from parity.observe.compile_ledger import CompileLedger, fail_on_recompile
+from parity.observe.regional import compile_repeated_blocks
 
 
 class LibraryActivation(nn.Module):

@@ -28,8 +28,8 @@ from parity.compare import FAIL, PASS, TIE_FLIP
 from parity.plugin import SuiteReport
 from parity.report import ReportWriter, read_results
 from serving_models.target import make_target
-from suites.ar_support import CASES, ARModels, build_ar_models
-from suites.decode_support import (
+from parity.suites.ar.support import CASES, ARModels, build_ar_models
+from parity.suites.ar.decode import (
     SETTINGS,
     FreeRunning,
     ReferenceDecode,
@@ -122,7 +122,7 @@ def tie_at_step(models: ARModels, length: int, step: int) -> Iterator[None]:
 
 
 def run_both(models: ARModels, prompt: torch.Tensor, mode: str = "eager") -> tuple[ReferenceDecode, FreeRunning, TeacherForced]:
-    """The suite's two metrics on one prompt, as `suites/test_decode.py` runs them."""
+    """The suite's two metrics on one prompt, as `parity/suites/ar/test_decode.py` runs them."""
     reference = reference_decode(models, prompt, STEPS)
     batch, length = prompt.shape
     if mode == "eager":
@@ -263,7 +263,7 @@ def test_bf16_noise_floor_is_green_on_a_correct_target_and_red_on_the_late_defec
 @pytest.mark.slow
 def test_the_decode_suite_goes_red_on_a_late_decode_defect(tmp_path: Path) -> None:
     out = tmp_path / "reports"
-    args = ["suites/test_decode.py", "-q", "-k", "teacher_forced", "--report-dir", str(out), "--run-id", "run",
+    args = ["parity/suites/ar/test_decode.py", "-q", "-k", "teacher_forced", "--report-dir", str(out), "--run-id", "run",
             "--target", "tests.decode_targets:late_decode_defect"]
     result = run_pytest(args, timeout=600)
     assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-2000:]

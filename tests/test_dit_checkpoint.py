@@ -11,17 +11,17 @@ from safetensors.torch import load_file, save_file
 from parity.compare import Tolerance
 from tests.dit_support import latents, tiny_state
 from tests.noise_checks import assert_same_state, assert_within_noise_floor
-from reference_models.dit_adapter import ReferenceDiT
-from reference_models.dit_checkpoint import (
+from reference_models.dit.adapter import ReferenceDiT
+from reference_models.dit.checkpoint import (
     CheckpointMismatchError,
     expected_shapes,
     make_dit_checkpoint,
     random_state_dict,
     write_checkpoint,
 )
-from reference_models.dit_config import full_config, tiny_config
-from serving_models.dit_adapter import ServingDiT
-from serving_models.dit_loader import CheckpointMismatchError as ServingMismatchError
+from reference_models.dit.config import full_config, tiny_config
+from serving_models.dit.adapter import ServingDiT
+from serving_models.dit.weights import CheckpointMismatchError as ServingMismatchError
 
 ADAPTERS = [ReferenceDiT, ServingDiT]
 # A loaded model's tensors sit at other memory alignments than a built one's, and CPU GEMM kernels

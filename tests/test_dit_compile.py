@@ -33,8 +33,8 @@ import torch._dynamo
 from torch._dynamo import convert_frame
 
 from tests.dit_support import latents, tiny_pair
-from serving_models import dit_model
-from serving_models.dit_model import TransformerBlock
+from serving_models.dit import model as dit_model
+from serving_models.dit.model import TransformerBlock
 
 SIZES = [(32, 32), (32, 64), (64, 32), (48, 48)]
 

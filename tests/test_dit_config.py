@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from reference_models.dit_config import DiTConfig, config_for_size, full_config, tiny_config
-from serving_models.dit_config import DiTConfig as ServingDiTConfig
+from reference_models.dit.config import DiTConfig, config_for_size, full_config, tiny_config
+from serving_models.dit.config import DiTConfig as ServingDiTConfig
 
 
 def test_tiny_matches_spec_6_1():

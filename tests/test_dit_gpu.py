@@ -14,11 +14,11 @@ import torch
 import torch._dynamo
 from torch._dynamo import convert_frame
 
-from reference_models.dit_adapter import ReferenceDiT
-from reference_models.dit_checkpoint import random_state_dict
-from reference_models.dit_config import full_config
-from serving_models.dit_adapter import ServingDiT
-from serving_models.dit_model import TransformerBlock
+from reference_models.dit.adapter import ReferenceDiT
+from reference_models.dit.checkpoint import random_state_dict
+from reference_models.dit.config import full_config
+from serving_models.dit.adapter import ServingDiT
+from serving_models.dit.model import TransformerBlock
 
 pytestmark = pytest.mark.gpu
 

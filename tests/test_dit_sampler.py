@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.dit_support import tiny_pair
-from reference_models import dit_sampler as ref_sampler
-from serving_models import dit_sampler as srv_sampler
+from reference_models.dit import sampler as ref_sampler
+from serving_models.dit import sampler as srv_sampler
 
 SAMPLERS = [ref_sampler, srv_sampler]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.forked_pytest import PytestForkServer
+from parity.suites.sensitivity.sessions import PytestForkServer
 
 PATCHING_TEST = """
 import json, os

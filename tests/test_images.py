@@ -1,4 +1,4 @@
-"""Known-answer tests of parity.images (PSNR, SSIM, conversions, PNG)."""
+"""Known-answer tests of parity.compare.images (PSNR, SSIM, conversions, PNG)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from parity.images import psnr, ssim, to_uint8, write_png
+from parity.compare.images import psnr, ssim, to_uint8, write_png
 
 
 def test_psnr_matches_the_closed_form_for_a_known_mse_uint8() -> None:

@@ -164,7 +164,7 @@ def test_xdist_workers_write_exactly_the_rows_of_a_serial_run(tmp_path: Path) ->
     runs = {}
     for workers in ("0", "2", "4"):
         out = tmp_path / f"n{workers}"
-        result = run_pytest(["suites", "-m", "cpu", "--suite", "selfcheck", "--report-dir", str(out), "-n", workers])
+        result = run_pytest(["parity/suites", "-m", "cpu", "--suite", "selfcheck", "--report-dir", str(out), "-n", workers])
         assert result.returncode == 0, result.stdout + result.stderr
         runs[workers] = _rows(out)
     assert len(runs["0"]) > 10

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from suites.conftest import ResidentModels
+from parity.suites.conftest import ResidentModels
 
 
 def test_each_family_is_built_once_and_kept_when_not_exclusive() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from parity import baseline as baseline_mod
-from parity.baseline import (
+from parity.report import baseline as baseline_mod
+from parity.report.baseline import (
     BASELINE_COLUMNS,
     MEASURED_BOUND_FACTOR,
     MEASURED_GROUP_MIN,
@@ -272,7 +272,7 @@ def test_device_kind_and_default_path(tiny_run: TinyRun) -> None:
 
 # Recorded with this tree's `parity run` (every suite but sensitivity and benchmarks, -n 2) on an
 # Intel Xeon with AVX-512 and AMX, torch 2.13.0 CPU, under six kernel sets, and once with
-# `--target suites.mutants:mutant_rmsnorm_eps_1e_5` (default kernels, 1 thread); kept as baselines
+# `--target parity.suites.ar.mutants:mutant_rmsnorm_eps_1e_5` (default kernels, 1 thread); kept as baselines
 # (volatile columns dropped) with the detail text blanked to keep them small. The names say the
 # kernel set: ATEN_CPU_CAPABILITY (avx512 = the CPU's own; sse4_2 and avx2 also set
 # MKL_ENABLE_INSTRUCTIONS) and PARITY_CPU_THREADS. docs/machine-independence.md tabulates them.
@@ -313,7 +313,7 @@ def test_a_mutants_run_still_shows_regressions_against_any_kernel_set(recorded, 
     """RMSNorm eps 1e-5 instead of 1e-6 in the serving model, its rows labelled as the built-in
     target's (the defect as if it had landed there; a baseline of another target is refused)."""
     mutant = recorded["mutant-rmsnorm-eps-default-t1"]
-    assert set(mutant["target"]) == {"suites.mutants:mutant_rmsnorm_eps_1e_5"}
+    assert set(mutant["target"]) == {"parity.suites.ar.mutants:mutant_rmsnorm_eps_1e_5"}
     result = compare_rows(recorded[baseline_run], mutant.assign(target="serving"))
     assert not result.ok and len(result.regressions) > 100
     assert {"numerics", "decode"} <= set(result.regressions["suite"])
@@ -462,7 +462,7 @@ def test_the_committed_cpu_baseline_is_clean_against_a_fresh_run(tiny_run: TinyR
 def test_without_run_dir_the_latest_run_is_reviewed(tiny_run: TinyRun, tmp_path: Path) -> None:
     import os
 
-    from parity.review import latest_run_dir
+    from parity.report.review import latest_run_dir
 
     older, newer = copy_run(tiny_run.run_dir, tmp_path / "a-older"), copy_run(tiny_run.run_dir, tmp_path / "b-newer")
     (tmp_path / "c-empty").mkdir()  # a run directory without rows is not a candidate

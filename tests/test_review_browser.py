@@ -18,7 +18,7 @@ from urllib.parse import unquote
 import numpy as np
 import pytest
 
-from parity.review_page import PAGE_FILE
+from parity.report.page import PAGE_FILE
 from tests.review_run import TinyRun, copy_run
 from tests.test_review_page import PageParser
 

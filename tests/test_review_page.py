@@ -10,8 +10,8 @@ from urllib.parse import unquote, urlsplit
 
 
 from parity.report import read_results
-from parity.review import load_review
-from parity.review_page import split_metric, NO_ROWS, PAGE_FILE, write_page
+from parity.report.review import load_review
+from parity.report.page import split_metric, NO_ROWS, PAGE_FILE, write_page
 from tests.review_run import TinyRun, copy_run, write_rows, writer_for
 
 SECTION_ORDER = ("summary", "baseline", "numerics", "recompiles", "images", "routing", "sensitivity", "rows", "environment")
@@ -204,7 +204,7 @@ def test_model_suite_sections_show_their_content(tiny_run: TinyRun) -> None:
 
 
 def test_the_page_shows_the_baseline_comparison(tiny_run: TinyRun, tmp_path: Path) -> None:
-    from parity.baseline import write_baseline
+    from parity.report.baseline import write_baseline
 
     run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
     frame = read_results(run_dir)
@@ -219,7 +219,7 @@ def test_the_page_shows_the_baseline_comparison(tiny_run: TinyRun, tmp_path: Pat
 
 
 def test_the_ledger_reads_compile_watch_metric_names(tiny_run: TinyRun, tmp_path: Path) -> None:
-    """parity.compile_watch names its rows per code object: `compiles[TransformerBlock.forward]`."""
+    """parity.observe.compile_ledger names its rows per code object: `compiles[TransformerBlock.forward]`."""
     run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
     frame = read_results(run_dir)
     write_rows(run_dir, frame[frame["suite"] != "recompiles"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference_models import routing as reference_routing
-from serving_models import routing as serving_routing
+from reference_models.routing import router as reference_routing
+from serving_models.routing import router as serving_routing
 
 ROWS, NUM_EXPERTS, K = 512, 256, 8
 

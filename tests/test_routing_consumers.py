@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import serving_models.routing as serving_routing
-from reference_models.routing_adapter import make_router as make_reference_router
-from serving_models.routing_adapter import make_router as make_serving_router
+import serving_models.routing.router as serving_routing
+from reference_models.routing.adapter import make_router as make_reference_router
+from serving_models.routing.adapter import make_router as make_serving_router
 
 REFERENCE, SERVING = make_reference_router(), make_serving_router()
 ROUTERS = {"reference": REFERENCE, "serving": SERVING}
@@ -171,7 +171,7 @@ def test_reference_apply_rejects_an_out_of_range_id():
 def test_serving_apply_multiplying_minus_one_slots_by_zero_is_caught(monkeypatch):
     """The fused apply drops -1 slots with `where`; a version that multiplies by the 0 weight
     turns a NaN pad row into NaN output (0 · NaN)."""
-    import serving_models.moe_experts as moe_experts
+    import serving_models.routing.experts as moe_experts
 
     original = moe_experts.apply_experts
 

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from serving_models import routing_distributed
+from serving_models.routing import distributed as routing_distributed
 
 WORLD_SIZE = 2
 CAPACITY = 12

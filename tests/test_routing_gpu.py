@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import serving_models.routing as serving_routing
-from reference_models import routing as reference_routing
+import serving_models.routing.router as serving_routing
+from reference_models.routing import router as reference_routing
 from tests.noise_checks import routing_tie_flips
 
 pytestmark = pytest.mark.gpu
@@ -110,7 +110,7 @@ def test_cuda_compile_fullgraph_matches_eager():
 
 HOST_READ_CAPTURE = textwrap.dedent(
     """
-    import torch, serving_models.routing as r
+    import torch, serving_models.routing.router as r
     def host_read(n, rows):
         return torch.full((1,), min(max(int(n.reshape(-1)[0]), 0), rows), dtype=torch.int64, device=n.device)
     r.valid_row_count = host_read

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from reference_models.routing_adapter import make_router as make_reference_router
-from serving_models.routing_adapter import make_router as make_serving_router
+from reference_models.routing.adapter import make_router as make_reference_router
+from serving_models.routing.adapter import make_router as make_serving_router
 
 NAN, INF = float("nan"), float("inf")
 ROUTERS = {"reference": make_reference_router(), "serving": make_serving_router()}

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make_fx
 
-import serving_models.routing as serving_routing
-from reference_models import routing as reference_routing
+import serving_models.routing.router as serving_routing
+from reference_models.routing import router as reference_routing
 from tests.noise_checks import routing_tie_flips
 
 NAN = float("nan")

@@ -21,9 +21,9 @@ from tests.runners_toys import (
     StaticCache,
     TwoExpertMoE,
 )
-from serving_models import capture as capture_registry
+from serving_models.common import capture as capture_registry
 
-from parity.cpu_graph import CpuGraphRun
+from parity.runners.cpu_graph import CpuGraphRun
 from parity.runners import CaptureError, ReplayInputError, make_runner
 
 

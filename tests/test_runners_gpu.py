@@ -17,10 +17,10 @@ from tests.runners_toys import (
     StaticCache,
     TwoExpertMoE,
 )
-from serving_models import capture as capture_registry
+from serving_models.common import capture as capture_registry
 
-from parity.capture_isolated import capture_in_subprocess
-from parity.compile_watch import CompileLedger
+from parity.runners.capture_isolated import capture_in_subprocess
+from parity.observe.compile_ledger import CompileLedger
 from parity.runners import ReplayInputError, make_runner
 
 pytestmark = pytest.mark.gpu

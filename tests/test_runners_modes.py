@@ -7,11 +7,11 @@ import functools
 import pytest
 import torch
 from tests.runners_toys import GEN_START, WIDTH, BranchFree, HostRead, RepeatedCall, TwoExpertMoE
-from serving_models import capture as capture_registry
+from serving_models.common import capture as capture_registry
 from torch import nn
 
-from parity.capture_isolated import capture_in_subprocess
-from parity.compile_watch import CompileLedger
+from parity.runners.capture_isolated import capture_in_subprocess
+from parity.observe.compile_ledger import CompileLedger
 from parity.runners import CPU_MODES, GPU_MODES, MODES, RunResult, make_runner, modes_for
 
 # aot_eager: runs Dynamo and AOTAutograd (the parts that bake, guard and break graphs) without
@@ -130,7 +130,7 @@ def test_site_name_defaults_to_the_bound_module_and_method():
 def test_make_runner_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="unknown runner mode 'jit'"):
         make_runner("jit", device="cpu")
-    with pytest.raises(ValueError, match="needs a CUDA device"):
+    with pytest.raises(ValueError, match="runs on cuda, got cpu; on the CPU use cpu_graph"):
         make_runner("cuda_graph", device="cpu")
     with pytest.raises(TypeError, match="unknown option"):
         make_runner("cpu_graph", device="cpu", copy_input=False)

@@ -13,11 +13,11 @@ import contextlib
 import pytest
 import torch
 
-import parity.cpu_graph
-from parity.compile_watch import CompileLedger, reset_compile_state
-from parity.cpu_graph import CpuGraphRun
-from parity.regional import RegionalCompile
-from parity.runner_core import RunResult
+import parity.runners.cpu_graph
+from parity.observe.compile_ledger import CompileLedger, reset_compile_state
+from parity.runners.cpu_graph import CpuGraphRun
+from parity.observe.regional import RegionalCompile
+from parity.runners.base import RunResult
 from tests import test_compile_watch_ledger as ledger_tests
 from tests import test_compile_watch_regional as regional_tests
 from tests import test_runners_cpu_graph as cpu_graph_tests
@@ -48,17 +48,17 @@ def test_a_cpu_graph_that_silently_runs_eager_is_caught(monkeypatch, check):
 
 
 def test_a_capture_that_does_not_tell_the_target_is_caught(monkeypatch):
-    monkeypatch.setattr(parity.cpu_graph, "reporting_capture", lambda registry, backend: contextlib.nullcontext())
+    monkeypatch.setattr(parity.runners.cpu_graph, "reporting_capture", lambda registry, backend: contextlib.nullcontext())
     with pytest.raises(AssertionError):
         cpu_graph_tests.test_probe_reports_capturing_only_while_recording()
 
 
 def test_a_stand_in_without_its_host_read_guard_is_caught(monkeypatch):
-    monkeypatch.setattr(parity.cpu_graph, "_no_host_copies", lambda site: contextlib.nullcontext())
+    monkeypatch.setattr(parity.runners.cpu_graph, "_no_host_copies", lambda site: contextlib.nullcontext())
     def let_through(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
 
-    monkeypatch.setattr(parity.cpu_graph._HostSyncGuard, "__torch_dispatch__", let_through)
+    monkeypatch.setattr(parity.runners.cpu_graph._HostSyncGuard, "__torch_dispatch__", let_through)
     for pattern in ("tolist", "numpy", "nonzero", "bool_mask"):
         with pytest.raises(pytest.fail.Exception):
             cpu_graph_tests.test_host_read_while_capturing_raises_naming_the_module(pattern)

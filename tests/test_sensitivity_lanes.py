@@ -10,10 +10,14 @@ from pathlib import Path
 import pytest
 
 from parity.report import mutation_score, read_results
-from suites.mutants import CATALOGUE, LANES, NotApplicable
+from parity.suites.sensitivity import catalogue
+from parity.suites.sensitivity.catalogue import LANES, NotApplicable, all_mutants
 from tests.helpers import PROJECT_ROOT, run_pytest
 
 OTHER_LANE_GRAPH_MODE = {"cpu": "cuda_graph", "cuda": "cpu_graph"}
+
+
+CATALOGUE = all_mutants()
 
 
 @pytest.mark.parametrize("name", list(CATALOGUE))
@@ -34,26 +38,26 @@ def test_every_mutant_declares_every_lane(name: str) -> None:
 
 
 def test_the_stale_replay_mutant_breaks_both_graph_runners() -> None:
-    from parity.cpu_graph import CpuGraphRun
-    from parity.cuda_graph import CudaGraphRun
-    from suites import mutants
+    from parity.runners.cpu_graph import CpuGraphRun
+    from parity.runners.cuda_graph import CudaGraphRun
+    from parity.runners.graph import GraphRun
 
-    before = (CpuGraphRun._copy_in, CudaGraphRun._copy_in)
+    before = GraphRun._copy_in
     try:
-        mutants._APPLY["replay-without-copy-in"]()
-        assert CpuGraphRun._copy_in is not before[0] and CudaGraphRun._copy_in is not before[1]
+        catalogue._APPLY["replay-without-copy-in"]()
+        assert CpuGraphRun._copy_in is not before and CudaGraphRun._copy_in is not before
     finally:
-        CpuGraphRun._copy_in, CudaGraphRun._copy_in = before
+        GraphRun._copy_in = before
 
 
 FAKE_ENTRY = '''
-from suites import mutants
+from parity.suites.sensitivity import catalogue
 
 def pytest_configure(config):
-    mutants.CATALOGUE["fake-equivalent"] = mutants.Mutant(
+    catalogue.CATALOGUE["fake-equivalent"] = catalogue.Mutant(
         "fake-equivalent", "an equivalent mutant for the test", "numerics", "serving",
-        {"cpu": mutants.NotApplicable("equivalent at fp32 by construction"),
-         "cuda": mutants.NotApplicable("equivalent at bf16 by construction")},
+        {"cpu": catalogue.NotApplicable("equivalent at fp32 by construction"),
+         "cuda": catalogue.NotApplicable("equivalent at bf16 by construction")},
     )
 '''
 
@@ -61,7 +65,7 @@ def pytest_configure(config):
 def test_a_mutant_that_cannot_apply_is_recorded_not_applicable(tmp_path: Path) -> None:
     (tmp_path / "fake_entry.py").write_text(FAKE_ENTRY)
     result = run_pytest(
-        ["suites/test_sensitivity.py", "-k", "test_mutant_is_killed and fake-equivalent", "-p", "fake_entry",
+        ["parity/suites/sensitivity/test_sensitivity.py", "-k", "test_mutant_is_killed and fake-equivalent", "-p", "fake_entry",
          "--report-dir", str(tmp_path), "--run-id", "na"],
         PYTHONPATH=os.pathsep.join([str(tmp_path), str(PROJECT_ROOT)]),
     )

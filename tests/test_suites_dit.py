@@ -17,20 +17,21 @@ import pytest
 import torch
 from PIL import Image
 
-from parity.compile_watch import CompileLedger
-from parity.regional import compile_repeated_blocks
+from parity.observe.compile_ledger import CompileLedger
+from parity.observe.regional import compile_repeated_blocks
 from parity.report import read_results
 from reference_models.checkpoints import make_checkpoint
-from suites import dit_support, mutants_dit
-from suites.dit_support import block_class, block_codes, cases_for, lattice_for
-from suites.test_recompiles import Point, control_target, run_point
+from parity.suites.dit import mutants as mutants_dit
+from parity.suites.dit import support as dit_support
+from parity.suites.dit.support import block_class, block_codes, cases_for, lattice_for
+from parity.suites.dit.test_recompiles import Point, control_target, run_point
 from tests.helpers import run_pytest
 
 pytestmark = pytest.mark.slow
 
-RECOMPILES = "suites/test_recompiles.py"
-NUMERICS = "suites/test_numerics_dit.py"
-IMAGE = "suites/test_image.py"
+RECOMPILES = "parity/suites/dit/test_recompiles.py"
+NUMERICS = "parity/suites/dit/test_numerics.py"
+IMAGE = "parity/suites/dit/test_image.py"
 ALL = [RECOMPILES, NUMERICS, IMAGE]
 
 

@@ -1,9 +1,9 @@
 """The `routing` suite's checks go red on broken routers and broken results.
 
 The three routing mutants of the catalogue (an ignored count, ties to the highest id, a count read
-on the host) are killed by the sensitivity suite (`suites/test_sensitivity.py`) in fresh
+on the host) are killed by the sensitivity suite (`parity/suites/sensitivity/test_sensitivity.py`) in fresh
 processes. Here: the rank check against a mutant router in spawned ranks, and in-process, every
-other check of `suites/routing_support.py` handed a broken router (or broken results) must write a
+other check of `parity/suites/routing/support.py` handed a broken router (or broken results) must write a
 failing row, and the near-tie audit classifies hand-built decisions as the rule says.
 """
 
@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import suites.routing_cases as cases
-import suites.routing_ranks as ranks
-import suites.routing_support as support
+import parity.suites.routing.cases as cases
+import parity.suites.routing.ranks as ranks
+import parity.suites.routing.support as support
 from parity.compare import ERROR, FAIL, PASS, TIE_FLIP
 from parity.runners import make_runner
-from serving_models import capture as serving_capture
-from serving_models import routing as serving_routing
-from serving_models.routing_adapter import ServingRouter
+from serving_models.common import capture as serving_capture
+from serving_models.routing import router as serving_routing
+from serving_models.routing.adapter import ServingRouter
 from tests.helpers import PROJECT_ROOT
 
 CPU = torch.device("cpu")
@@ -31,7 +31,7 @@ CPU = torch.device("cpu")
 @pytest.mark.slow  # two spawned ranks
 def test_rank_check_catches_a_router_that_ignores_the_count(tmp_path: Path) -> None:
     spec = cases.CASES["rank"]
-    job = ranks.RankJob("suites.mutants_routing:serving_ignores_valid_rows", "gloo", str(tmp_path / "rendezvous"),
+    job = ranks.RankJob("parity.suites.routing.mutants:serving_ignores_valid_rows", "gloo", str(tmp_path / "rendezvous"),
                           str(tmp_path), spec.seed, spec.timeout_s)
     results = ranks.run_ranks(job)
     rows = [row for case, kind in ranks.rank_case_names() for row in ranks.rank_rows(case, kind, results, spec.seed, "gloo")]
@@ -163,7 +163,7 @@ def test_grid_catches_a_swapped_pair_and_wrong_weights() -> None:
 
 
 def test_ties_toward_the_highest_id_fail_the_bf16_audit(monkeypatch) -> None:
-    from suites import mutants_routing
+    from parity.suites.routing import mutants as mutants_routing
 
     monkeypatch.setattr(serving_routing, "tie_break_order_key", serving_routing.tie_break_order_key)
     mutants_routing.serving_ties_to_highest_id()
@@ -234,7 +234,7 @@ def test_replay_check_catches_a_count_that_is_not_written_each_step() -> None:
 
 
 def test_host_read_count_is_an_error_row_not_an_exception(monkeypatch) -> None:
-    from suites import mutants_routing
+    from parity.suites.routing import mutants as mutants_routing
 
     monkeypatch.setattr(serving_routing, "valid_row_count", serving_routing.valid_row_count)
     mutants_routing.serving_count_on_host()

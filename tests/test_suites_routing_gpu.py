@@ -16,11 +16,11 @@ from tests.helpers import PROJECT_ROOT, run_pytest
 pytestmark = pytest.mark.gpu
 
 SUITE_FILES = [
-    "suites/test_routing.py",
-    "suites/test_routing_edges.py",
-    "suites/test_routing_invariance.py",
-    "suites/test_routing_consumers.py",
-    "suites/test_routing_ranks.py",
+    "parity/suites/routing/test_grid.py",
+    "parity/suites/routing/test_edges.py",
+    "parity/suites/routing/test_invariance.py",
+    "parity/suites/routing/test_consumers.py",
+    "parity/suites/routing/test_ranks.py",
 ]
 
 
@@ -53,7 +53,7 @@ def test_suite_passes_on_cuda_with_cuda_graph_replay(tmp_path: Path) -> None:
 
 
 def test_count_read_on_the_host_fails_the_cuda_graph_capture(tmp_path: Path) -> None:
-    code, frame, output = run_on_cuda(tmp_path, "suites.mutants_routing:serving_count_on_host", "replay")
+    code, frame, output = run_on_cuda(tmp_path, "parity.suites.routing.mutants:serving_count_on_host", "replay")
     assert code != 0, output
     errors = failing(frame)
     assert not errors.empty and (errors["metric"] == "capture").all(), errors[["case", "metric", "detail"]].to_string()
@@ -62,7 +62,7 @@ def test_count_read_on_the_host_fails_the_cuda_graph_capture(tmp_path: Path) -> 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="NCCL rank- cases need 2 GPUs")
 def test_rank_cases_over_nccl_catch_a_router_that_ignores_the_count(tmp_path: Path) -> None:
-    code, frame, output = run_on_cuda(tmp_path, "suites.mutants_routing:serving_ignores_valid_rows", "ranks")
+    code, frame, output = run_on_cuda(tmp_path, "parity.suites.routing.mutants:serving_ignores_valid_rows", "ranks")
     assert code != 0, output
     bad = failing(frame)
     assert not bad.empty and bad["case"].str.startswith("rank-").all()

@@ -1,0 +1,69 @@
+"""Verdicts and tolerances: what a check decided, on which number, against which bound and why.
+
+A `Tolerance` is an atol/rtol pair with its stated reason; a `Verdict` carries the verdict, the
+metric and value it was decided on, the bound it met and how that bound was set (`fixed` policy
+or `measured` in the same run). Report rows are written from verdicts (`parity.report`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Verdict values of a report row (README "Reports"). `not_applicable`: the check cannot apply to
+# this target or lane (the reason is in the detail); it is neither a pass nor a failure.
+PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE = "pass", "fail", "tie_flip", "error", "not_applicable"
+VERDICTS = (PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE)
+# How a row's bound was set (the report's `bound` column): FIXED is a policy (a case-file tolerance,
+# an expected count) that only changes when someone changes it; MEASURED is derived from noise
+# measured in the same run (the noise-floor rule's multiplier x RMSE(golden, eager) + floor), so it
+# moves with the machine's kernels. A baseline comparison treats the two differently
+# (parity.report.baseline, docs/machine-independence.md).
+FIXED, MEASURED = "fixed", "measured"
+BOUND_KINDS = (FIXED, MEASURED, "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """An atol / rtol pair and the reason it is what it is (every bound states its reason)."""
+
+    atol: float
+    rtol: float
+    reason: str
+
+    def __post_init__(self) -> None:
+        if self.atol < 0 or self.rtol < 0:
+            raise ValueError(f"tolerance must be non-negative, got atol={self.atol} rtol={self.rtol}")
+        if not self.reason.strip():
+            raise ValueError("a tolerance needs a stated reason")
+
+    def describe(self) -> str:
+        return f"atol={self.atol:g} rtol={self.rtol:g} ({self.reason})"
+
+
+EXACT = Tolerance(0.0, 0.0, "bitwise: both sides run the same ops on the same shapes")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The outcome of one check, carrying the number it was decided on and the bound it met."""
+
+    verdict: str
+    metric: str
+    value: float
+    threshold: float | None
+    detail: str = ""
+    bound: str | None = None  # FIXED or MEASURED; None: FIXED when there is a threshold, else ''
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        if self.bound is None:
+            object.__setattr__(self, "bound", FIXED if self.threshold is not None else "")
+        if self.bound not in BOUND_KINDS:
+            raise ValueError(f"bound must be one of {BOUND_KINDS}, got {self.bound!r}")
+
+    @property
+    def ok(self) -> bool:
+        """A tie flip is not a defect (the decision was inside the dtype's noise); a check that
+        does not apply is not one either."""
+        return self.verdict in (PASS, TIE_FLIP, NOT_APPLICABLE)

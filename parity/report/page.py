@@ -1,0 +1,589 @@
+"""`index.html`: one static page per run directory that a reviewer opens from disk.
+
+In order: what failed (the per-suite summary and the failing rows), what changed against the
+baseline, where numerics diverged (error by layer / block), what recompiled and why, what the images
+look like (PSNR / SSIM, the images side by side, difference heat maps), the routing audit, the
+sensitivity (mutant) table, every suite's rows (failing rows first) and the environment.
+
+The page links only to files inside the run directory (relative paths: `results.csv`, `run.json`,
+`images/...`, and the figures it writes under `review/`), loads nothing from the network and
+needs no server. Every piece of text from the rows is escaped with `html.escape`. A suite without
+rows gets a one-line note instead of its section's content.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import numbers
+import re
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from urllib.parse import quote
+
+import pandas as pd
+
+from parity.report.baseline import INFO_LIST_FACTOR, Comparison
+from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, TIE_FLIP
+from parity.report.rows import RESULTS_FILE, RUN_INFO_FILE, mutation_score, summarize
+from parity.report.review import Review, failing_first, failing_suites_first, used_share
+from parity.report.plots import DIT_BLOCKS, AR_LAYERS, OTHER_SITES, divergence_plot, image_diff_plot, load_png, site_family, site_order
+
+PAGE_FILE = "index.html"
+ASSET_DIR = "review"  # figures the page draws; rewritten on every page build
+IMAGES_DIR = "images"  # PNGs a suite writes: images/<case>/<variant>.png
+VARIANT_ORDER = ("reference", "serving_eager", "serving_compiled")
+MAX_TABLE_ROWS = 3000  # beyond this a table points at results.csv instead of bloating the page
+_SEVERITY = {NOT_APPLICABLE: -1, PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
+NO_ROWS = "no rows for this suite in this run"
+
+ROW_COLUMNS = ("verdict", "case", "mode", "site", "metric", "value", "threshold", "better", "kind", "detail")
+
+CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; padding: 0 1em; color: #1d1d1f; }
+h1 { font-size: 1.5em; margin-bottom: .2em; } h2 { border-bottom: 2px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
+h3 { margin-bottom: .3em; }
+table { border-collapse: collapse; margin: .5em 0 1em; font-size: 13px; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
+th { background: #f1f1f4; position: sticky; top: 0; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.detail { max-width: 46em; overflow-wrap: anywhere; }
+tr.fail td { background: #fde2e2; } tr.error td { background: #f8c4c4; } tr.tie_flip td { background: #fff1c9; }
+tr.regression td { background: #fde2e2; } tr.improvement td { background: #e1f5e1; }
+.status { padding: .6em 1em; border-radius: 6px; font-weight: 600; display: inline-block; }
+.status.ok { background: #e1f5e1; color: #17631a; } .status.failed { background: #fde2e2; color: #8a1212; }
+.note { color: #666; font-style: italic; } nav a { margin-right: 1em; }
+figure { display: inline-block; margin: 0 1em 1em 0; vertical-align: top; }
+figure img { border: 1px solid #ccc; image-rendering: pixelated; }
+figcaption { font-size: 12px; color: #444; max-width: 40em; }
+img.broken { outline: 3px solid crimson; min-width: 40px; min-height: 40px; }
+#broken-images { color: crimson; font-weight: 600; }
+"""
+
+# Marks the page with how many of its images loaded, and flags any that did not (a moved file),
+# both for the reader and for the headless-browser test (tests/test_review_browser.py).
+SCRIPT = """
+window.addEventListener("load", function () {
+  var images = Array.prototype.slice.call(document.images);
+  var broken = images.filter(function (img) { return !(img.complete && img.naturalWidth > 0); });
+  document.body.setAttribute("data-images-total", String(images.length));
+  document.body.setAttribute("data-images-loaded", String(images.length - broken.length));
+  broken.forEach(function (img) { img.classList.add("broken"); });
+  if (broken.length) {
+    var note = document.getElementById("broken-images");
+    note.textContent = broken.length + " image(s) failed to load";
+    note.hidden = false;
+  }
+});
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def fmt_number(value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def href(relative: str | Path) -> str:
+    """A relative link, percent-encoded (case names hold `=`, `,` and spaces)."""
+    return quote(Path(relative).as_posix(), safe="/")
+
+
+def table(
+    frame: pd.DataFrame,
+    columns: Sequence[str],
+    *,
+    headers: Sequence[str] | None = None,
+    row_class: Callable[[pd.Series], str] | None = None,
+    table_id: str = "",
+    limit: int = MAX_TABLE_ROWS,
+) -> str:
+    """An HTML table of `columns` of `frame` (numbers formatted, text escaped, verdict-coloured rows)."""
+    headers = list(headers or columns)
+    attrs = f' id="{esc(table_id)}"' if table_id else ""
+    out = [f"<table{attrs}>", "<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr></thead>", "<tbody>"]
+    for _, row in frame.head(limit).iterrows():
+        css = row_class(row) if row_class else str(row.get("verdict", ""))
+        cells = []
+        for column in columns:
+            value = row.get(column, "")
+            number = isinstance(value, numbers.Number) and not isinstance(value, bool)
+            klass = "num" if number else ("detail" if column in ("detail", "why", "reason") else "")
+            cells.append(f'<td class="{klass}">{esc(fmt_number(value))}</td>' if klass else f"<td>{esc(fmt_number(value))}</td>")
+        out.append(f'<tr class="{esc(css)}">' + "".join(cells) + "</tr>")
+    out.append("</tbody></table>")
+    if len(frame) > limit:
+        out.append(f'<p class="note">{len(frame) - limit} more rows in <a href="{RESULTS_FILE}">{RESULTS_FILE}</a></p>')
+    return "\n".join(out)
+
+
+def note(text: str) -> str:
+    return f'<p class="note">{esc(text)}</p>'
+
+
+def section(anchor: str, title: str, body: str) -> str:
+    return f'<section id="{esc(anchor)}">\n<h2>{esc(title)}</h2>\n{body}\n</section>'
+
+
+def worst_verdict(verdicts: Iterable[str]) -> str:
+    verdicts = [v for v in verdicts if v in _SEVERITY]
+    return max(verdicts, key=_SEVERITY.__getitem__) if verdicts else ""
+
+
+def _gate_verdict(rows: pd.DataFrame) -> str:
+    gates = rows[rows["kind"] != "info"]
+    return worst_verdict((gates if not gates.empty else rows)["verdict"])
+
+
+class Assets:
+    """The figure directory of the page: created fresh, paths handed out relative to the run dir."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.root = run_dir / ASSET_DIR
+        if self.root.exists():
+            shutil.rmtree(self.root)
+        self.root.mkdir(parents=True)
+        self._names: set[str] = set()
+
+    def path(self, stem: str) -> Path:
+        """A new PNG path under review/ for `stem` (made file-name safe and unique)."""
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:120] or "figure"
+        name, n = safe, 1
+        while name in self._names:
+            n += 1
+            name = f"{safe}-{n}"
+        self._names.add(name)
+        return self.root / f"{name}.png"
+
+    def relative(self, path: Path) -> str:
+        return path.relative_to(self.run_dir).as_posix()
+
+
+def _suite(review: Review, name: str) -> pd.DataFrame:
+    return review.frame[review.frame["suite"] == name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------
+
+
+def summary_section(review: Review) -> str:
+    summary = summarize(review.frame)
+    if summary.empty:
+        return section("summary", "Summary", note("no report rows in this run"))
+    summary = failing_suites_first(summary)
+
+    def suite_class(row: pd.Series) -> str:
+        return "error" if row["error"] else ("fail" if row["fail"] else ("tie_flip" if row["tie_flip"] else "pass"))
+
+    body = [table(summary, ("suite", "cases", "pass", "fail", "tie_flip", "error", "not_applicable", "worst"), row_class=suite_class, table_id="summary-table")]
+    failing = review.failing
+    body.append("<h3>Failing rows</h3>")
+    if failing.empty:
+        body.append(note("no gate row failed or errored"))
+    else:
+        body.append(table(failing, ("verdict", "suite", "case", "mode", "site", "metric", "value", "threshold", "better", "detail"), table_id="failing-rows"))
+    flips = review.frame[(review.frame["kind"] != "info") & (review.frame["verdict"] == TIE_FLIP)]
+    if not flips.empty:
+        body.append(f"<h3>Tie flips ({len(flips)} rows: decisions inside the dtype's noise, not defects)</h3>")
+        body.append(table(flips, ("verdict", "suite", "case", "mode", "site", "metric", "value", "threshold", "detail")))
+    return section("summary", "Summary: what failed", "\n".join(body))
+
+
+def _outcome_class(kind: str) -> Callable[[pd.Series], str]:
+    return lambda row: kind
+
+
+def baseline_section(review: Review) -> str:
+    comparison: Comparison | None = review.comparison
+    if comparison is None:
+        text = review.baseline_note or "not compared with a baseline (run `parity review RUN_DIR` to compare)"
+        return section("baseline", "Against the baseline", note(text))
+    body = [
+        f"<p>Baseline <code>{esc(comparison.baseline)}</code>: {comparison.matched} rows matched; a gate row is a "
+        f"regression when its verdict went to fail/error, its bound was loosened, or it uses more than "
+        f"{comparison.margin:.0%} more of its bound than before (README, section Review).</p>"
+    ]
+    if comparison.suites_not_run:
+        body.append(note("not compared (no rows in this run): " + ", ".join(comparison.suites_not_run)))
+    outcome_columns = ("suite", "case", "mode", "site", "metric", "old_value", "new_value", "threshold", "bound", "old_verdict", "new_verdict", "why")
+    for title, frame, kind in (
+        ("Regressions", comparison.regressions, "regression"),
+        ("Improvements", comparison.improvements, "improvement"),
+    ):
+        body.append(f"<h3>{title} ({len(frame)})</h3>")
+        body.append(table(frame, outcome_columns, row_class=_outcome_class(kind), table_id=kind + "s") if not frame.empty else note("none"))
+    for title, cases, kind in (
+        ("New cases", comparison.new_cases(), "new"),
+        ("Vanished cases (a vanished gate row fails the review)", comparison.vanished_cases(), "regression"),
+    ):
+        body.append(f"<h3>{esc(title)} ({len(cases)})</h3>")
+        body.append(table(cases, ("suite", "case", "target", "mode", "rows", "gate_rows"), row_class=_outcome_class(kind)) if not cases.empty else note("none"))
+    changed = comparison.changed
+    body.append(f"<details><summary>Changed gate rows, neither better nor worse by the rule ({len(changed)})</summary>")
+    body.append(table(changed, outcome_columns, row_class=_outcome_class("")) if not changed.empty else note("none"))
+    body.append("</details>")
+    moves = comparison.info_moves
+    body.append(
+        f"<details><summary>Info rows that moved more than {comparison.margin:.0%} ({len(moves)}; "
+        f"{len(comparison.large_info_moves())} by more than x{INFO_LIST_FACTOR:g}): never a regression</summary>"
+    )
+    body.append(table(moves, outcome_columns, row_class=_outcome_class("")) if not moves.empty else note("none"))
+    body.append("</details>")
+    return section("baseline", "Against the baseline", "\n".join(body))
+
+
+def _first_divergence(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (case, mode): its verdict, the first failing site in forward order, the site nearest its bound."""
+    out = []
+    for (case, mode), group in rows.groupby(["case", "mode"], sort=False):
+        gates = group[group["kind"] != "info"]
+        order = {site: i for i, site in enumerate(site_order(group["site"].tolist()))}
+        gates = gates.assign(_x=gates["site"].map(order).fillna(len(order)))
+        failing = gates[gates["verdict"].isin((FAIL, ERROR))].sort_values("_x", kind="stable")
+        first = failing.iloc[0] if not failing.empty else None
+        used = gates.apply(used_share, axis=1) if not gates.empty else pd.Series(dtype=float)
+        nearest = gates.loc[used.idxmax()] if not used.empty and used.max() != -math.inf else None
+        out.append(
+            {
+                "case": case,
+                "mode": mode,
+                "verdict": _gate_verdict(group),
+                "first_failing_site": (first["site"] or "(whole output)") if first is not None else "none",
+                "at_first_failure": f"{first['metric']}={fmt_number(first['value'])} > {fmt_number(first['threshold'])}" if first is not None else "",
+                "nearest_to_bound": (
+                    f"{nearest['site'] or '(whole output)'}: {nearest['metric']}={fmt_number(nearest['value'])}, "
+                    f"{used.max():.1%} of bound {fmt_number(nearest['threshold'])}"
+                )
+                if nearest is not None
+                else "",
+            }
+        )
+    frame = pd.DataFrame(out, columns=["case", "mode", "verdict", "first_failing_site", "at_first_failure", "nearest_to_bound"])
+    return failing_first(frame.assign(kind="gate", value=math.nan, threshold=math.nan, better="")) if not frame.empty else frame
+
+
+def numerics_section(review: Review, assets: Assets) -> str:
+    rows = _suite(review, "numerics")
+    if rows.empty:
+        return section("numerics", "Numerics: where it diverged", note(NO_ROWS))
+    body = ["<h3>First diverging site per case</h3>"]
+    body.append(table(_first_divergence(rows), ("case", "mode", "verdict", "first_failing_site", "at_first_failure", "nearest_to_bound"), table_id="numerics-divergence"))
+    sited = rows[rows["site"] != ""]
+    families = {}
+    for site in site_order(sited["site"].tolist()):
+        families.setdefault(site_family(site), []).append(site)
+    if not families:
+        body.append(note("no per-site rows (site column empty): nothing to plot by layer"))
+    for family in (AR_LAYERS, DIT_BLOCKS, OTHER_SITES):
+        if family not in families:
+            continue
+        family_rows = sited[sited["site"].isin(families[family])]
+        drawn = divergence_plot(family_rows, ("max_abs", "rel_l2"), assets.path(f"numerics-{family.key}"), family.title)
+        if drawn is None:
+            body.append(note(f"{family.title}: no finite max_abs / rel_l2 values to plot"))
+            continue
+        path, caption = drawn
+        text = f"{family.title}: max_abs and rel_l2 by site, one line per (case, mode), log scale; dashed line = the gate's bound"
+        body.append(
+            f'<figure><img src="{href(assets.relative(path))}" alt="{esc(family.title)}">'
+            f"<figcaption>{esc(text)}{esc('; ' + caption) if caption else ''}</figcaption></figure>"
+        )
+    return section("numerics", "Numerics: where it diverged", "\n".join(body))
+
+
+# Ledger metrics, bare (`compiles`) or per code object as parity.observe.compile_ledger names them
+# (`compiles[TransformerBlock.forward]`, `recompiles[...]`).
+LEDGER_METRICS = ("compiles", "new_compiles", "recompiles")
+_LABELLED_METRIC = re.compile(r"^(?P<base>[a-z_]+)\[(?P<code>.*)\]$")
+
+
+def split_metric(metric: str) -> tuple[str, str]:
+    """(`compiles`, `TransformerBlock.forward`) for `compiles[TransformerBlock.forward]`; (metric, '') otherwise."""
+    match = _LABELLED_METRIC.match(metric)
+    return (match["base"], match["code"]) if match else (metric, "")
+
+
+def _first_bound(*rows: pd.Series | None) -> float:
+    for row in rows:
+        if row is not None and not pd.isna(row["threshold"]):
+            return float(row["threshold"])
+    return math.nan
+
+
+def _ledger(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per (shape, mode, code object) in lattice order: compiles, new compiles, bound, reasons."""
+    lines = []
+    for (case, mode, code), group in rows.groupby(["case", "mode", "_code"], sort=False):
+        last = {m: (group[group["_base"] == m].iloc[-1] if (group["_base"] == m).any() else None) for m in LEDGER_METRICS}
+        lines.append(
+            {
+                "shape": case,
+                "mode": mode,
+                "code": code,
+                **{m: (last[m]["value"] if last[m] is not None else math.nan) for m in LEDGER_METRICS},
+                "bound": _first_bound(last["new_compiles"], last["compiles"]),
+                "verdict": _gate_verdict(group),
+                "reason": " | ".join(dict.fromkeys(d for d in group["detail"] if d)),
+            }
+        )
+    return pd.DataFrame(lines)
+
+
+def recompiles_section(review: Review) -> str:
+    rows = _suite(review, "recompiles")
+    title = "Recompiles: what recompiled and why"
+    if rows.empty:
+        return section("recompiles", title, note(NO_ROWS))
+    parts = rows["metric"].map(split_metric)
+    rows = rows.assign(_base=parts.str[0], _code=parts.str[1])
+    in_ledger = rows["_base"].isin(LEDGER_METRICS)
+    body = []
+    if in_ledger.any():
+        ledger = _ledger(rows[in_ledger])
+        columns = ["shape", "mode", "code", *LEDGER_METRICS, "bound", "verdict", "reason"]
+        for optional in ("code", "new_compiles", "recompiles"):
+            if ledger[optional].replace("", math.nan).isna().all():
+                columns.remove(optional)
+        body.append("<h3>Ledger (lattice order: one row per shape; compiles are cumulative)</h3>")
+        body.append(table(ledger, columns, table_id="recompile-ledger"))
+    else:
+        body.append(note("no compiles / new_compiles rows in this run"))
+    other = failing_first(rows[~in_ledger].drop(columns=["_base", "_code"]))
+    if not other.empty:
+        body.append("<h3>Graph breaks, regional compilation, eager fallback</h3>")
+        body.append(table(other, ROW_COLUMNS))
+    return section("recompiles", title, "\n".join(body))
+
+
+def _variant_key(name: str) -> tuple[int, str]:
+    return (VARIANT_ORDER.index(name) if name in VARIANT_ORDER else len(VARIANT_ORDER), name)
+
+
+def image_cases(run_dir: Path) -> dict[str, list[Path]]:
+    """`images/<case>/<variant>.png` under the run directory, variants in reference-first order."""
+    root = run_dir / IMAGES_DIR
+    if not root.is_dir():
+        return {}
+    cases = {}
+    for case_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        pngs = sorted(case_dir.glob("*.png"), key=lambda p: _variant_key(p.stem))
+        if pngs:
+            cases[case_dir.name] = pngs
+    return cases
+
+
+def _image_scores(rows: pd.DataFrame) -> pd.DataFrame:
+    scores = []
+    for (case, mode), group in rows.groupby(["case", "mode"], sort=False):
+        entry = {"case": case, "pair": mode, "verdict": _gate_verdict(group)}
+        for metric in ("psnr", "ssim"):
+            mine = group[group["metric"] == metric]
+            entry[metric] = mine["value"].iloc[-1] if not mine.empty else math.nan
+            entry[f"{metric}_bound"] = mine["threshold"].iloc[-1] if not mine.empty else math.nan
+        entry["detail"] = " | ".join(dict.fromkeys(d for d in group["detail"] if d))
+        scores.append(entry)
+    frame = pd.DataFrame(scores)
+    return failing_first(frame.assign(kind="gate", value=math.nan, threshold=math.nan, better="")) if not frame.empty else frame
+
+
+def images_section(review: Review, assets: Assets) -> str:
+    rows = _suite(review, "image")
+    cases = image_cases(review.run_dir)
+    if rows.empty and not cases:
+        return section("images", "Images", note(NO_ROWS))
+    body = ["<h3>PSNR / SSIM by case (PSNR in dB, higher is better; data_range in the detail)</h3>"]
+    if rows.empty:
+        body.append(note(NO_ROWS))
+    else:
+        body.append(table(_image_scores(rows), ("case", "pair", "verdict", "psnr", "psnr_bound", "ssim", "ssim_bound", "detail"), table_id="image-scores"))
+    if not cases:
+        body.append(note(f"no PNGs under {IMAGES_DIR}/<case>/ in this run"))
+    for case, pngs in cases.items():
+        body.append(f"<h3>{esc(case)}</h3><div>")
+        for png in pngs:
+            rel = png.relative_to(review.run_dir).as_posix()
+            body.append(f'<figure><a href="{href(rel)}"><img src="{href(rel)}" alt="{esc(case)}: {esc(png.stem)}" width="256"></a><figcaption>{esc(png.stem)}</figcaption></figure>')
+        images = {png.stem: load_png(png) for png in pngs}
+        reference = "reference" if "reference" in images else pngs[0].stem
+        drawn = image_diff_plot(images, reference, assets.path(f"image-diff-{case}"), f"{case}: difference against {reference}")
+        if drawn is not None:
+            path, panels = drawn
+            text = "; ".join(f"{p.candidate}: max {p.max_diff}/255, mean {p.mean_diff:.3g}" for p in panels)
+            body.append(f'<figure><img src="{href(assets.relative(path))}" alt="{esc(case)}: difference heat map"><figcaption>{esc(text)}</figcaption></figure>')
+        elif len(images) > 1:
+            body.append(note("variants differ in size: no heat map"))
+        body.append("</div>")
+    return section("images", "Images", "\n".join(body))
+
+
+ROUTING_METRICS = ("ids_mismatch", "weight_max_abs", "tie_flips")
+
+
+def routing_section(review: Review) -> str:
+    rows = _suite(review, "routing")
+    if rows.empty:
+        return section("routing", "Routing audit", note(NO_ROWS))
+    points = []
+    for (case, mode), group in rows.groupby(["case", "mode"], sort=False):
+        entry = {"grid_point": case, "mode": mode, "verdict": _gate_verdict(group)}
+        for metric in ROUTING_METRICS:
+            mine = group[group["metric"] == metric]
+            entry[metric] = mine["value"].max() if not mine.empty else math.nan
+        flips = group[group["verdict"] == TIE_FLIP]
+        entry["tie_flip_rows"] = ", ".join(dict.fromkeys(s for s in flips["site"] if s))
+        bad = group[group["verdict"].isin((FAIL, ERROR, TIE_FLIP))]
+        entry["detail"] = " | ".join(dict.fromkeys(d for d in bad["detail"] if d))
+        points.append(entry)
+    frame = pd.DataFrame(points)
+    frame = failing_first(frame.assign(kind="gate", value=math.nan, threshold=math.nan, better=""))
+    counts = frame["verdict"].value_counts()
+    body = [
+        f"<p>{len(frame)} grid points: {int(counts.get(FAIL, 0) + counts.get(ERROR, 0))} failing, "
+        f"{int(counts.get(TIE_FLIP, 0))} with tie flips only, {int(counts.get(PASS, 0))} passing.</p>",
+        table(frame, ("grid_point", "mode", "verdict", *ROUTING_METRICS, "tie_flip_rows", "detail"), table_id="routing-audit"),
+    ]
+    return section("routing", "Routing audit", "\n".join(body))
+
+
+def sensitivity_section(review: Review) -> str:
+    rows = _suite(review, "sensitivity")
+    if rows.empty:
+        return section("sensitivity", "Sensitivity (mutants each suite must catch)", note(NO_ROWS))
+    killed = rows[rows["metric"] == "killed"]
+    shown = failing_first(killed if not killed.empty else rows).rename(columns={"case": "mutant", "mode": "target_suite"})
+    score = mutation_score(rows)
+    headline = score.line() if score is not None else "no mutant rows"
+    body = [
+        f"<p>{esc(headline)} (a survivor is a check that cannot fail).</p>",
+        table(shown, ("verdict", "mutant", "target_suite", "metric", "value", "detail"), table_id="sensitivity-table"),
+    ]
+    return section("sensitivity", "Sensitivity (mutants each suite must catch)", "\n".join(body))
+
+
+def all_rows_section(review: Review) -> str:
+    frame = review.frame
+    if frame.empty:
+        return section("rows", "All rows by suite", note("no report rows in this run"))
+    body = [f'<p>Every row of <a href="{RESULTS_FILE}">{RESULTS_FILE}</a>, per suite, failing rows first.</p>']
+    suites = sorted(frame["suite"].unique(), key=lambda s: (-_SEVERITY.get(_gate_verdict(frame[frame["suite"] == s]), 0), s))
+    for suite in suites:
+        rows = failing_first(frame[frame["suite"] == suite])
+        verdict = _gate_verdict(rows)
+        is_open = " open" if verdict in (FAIL, ERROR) else ""
+        body.append(f'<details{is_open} id="rows-{esc(suite)}"><summary><b>{esc(suite)}</b>: {len(rows)} rows, worst verdict {esc(verdict)}</summary>')
+        body.append(table(rows, ROW_COLUMNS))
+        body.append("</details>")
+    return section("rows", "All rows by suite", "\n".join(body))
+
+
+def _env_text(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+def environment_section(review: Review) -> str:
+    info = dict(review.info)
+    frame = review.frame
+    for column in ("torch_version", "git_sha", "device", "dtype", "size", "target"):
+        values = sorted(set(frame[column]) - {""}) if column in frame else []
+        if values:
+            info.setdefault(f"rows: {column}", ", ".join(values))
+    if not info:
+        return section("environment", "Environment", note(f"no {RUN_INFO_FILE} in this run directory"))
+    first = ("torch", "device", "device_name", "cuda", "git_sha", "dtype", "size", "target", "run_id")
+    keys = [k for k in first if k in info] + sorted(k for k in info if k not in first)
+    items = pd.DataFrame([{"key": k, "value": _env_text(info[k])} for k in keys])
+    body = [table(items, ("key", "value"), row_class=lambda _: "", table_id="environment")]
+    if (review.run_dir / RUN_INFO_FILE).is_file():
+        body.append(f'<p><a href="{RUN_INFO_FILE}">{RUN_INFO_FILE}</a></p>')
+    return section("environment", "Environment", "\n".join(body))
+
+
+# ---------------------------------------------------------------------------------------------
+# The page
+# ---------------------------------------------------------------------------------------------
+
+NAV = (
+    ("summary", "What failed"),
+    ("baseline", "Baseline"),
+    ("numerics", "Numerics"),
+    ("recompiles", "Recompiles"),
+    ("images", "Images"),
+    ("routing", "Routing"),
+    ("sensitivity", "Sensitivity"),
+    ("rows", "All rows"),
+    ("environment", "Environment"),
+)
+
+
+def render_page(review: Review) -> str:
+    """The page's HTML; figures are written under `run_dir/review/` as a side effect."""
+    assets = Assets(review.run_dir)
+    status_class = "ok" if review.ok else "failed"
+    info = review.info
+    config = " ".join(
+        f"{k}={info.get(k)}" for k in ("target", "device", "device_name", "dtype", "size", "git_sha", "torch") if info.get(k)
+    )
+    sections = [
+        summary_section(review),
+        baseline_section(review),
+        numerics_section(review, assets),
+        recompiles_section(review),
+        images_section(review, assets),
+        routing_section(review),
+        sensitivity_section(review),
+        all_rows_section(review),
+        environment_section(review),
+    ]
+    nav = "".join(f'<a href="#{anchor}">{esc(label)}</a>' for anchor, label in NAV)
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            f"<title>{esc(review.title)}</title>",
+            f"<style>{CSS}</style>",
+            "</head>",
+            "<body>",
+            f"<h1>{esc(review.title)}</h1>",
+            f"<p>{esc(config)}</p>",
+            f'<p><span class="status {status_class}" id="status">{esc(review.status_line())}</span></p>',
+            '<p id="broken-images" hidden></p>',
+            f'<p>{len(review.frame)} rows: <a href="{RESULTS_FILE}">{RESULTS_FILE}</a></p>',
+            f"<nav>{nav}</nav>",
+            *sections,
+            f"<script>{SCRIPT}</script>",
+            "</body>",
+            "</html>",
+            "",
+        ]
+    )
+
+
+def write_page(review: Review) -> Path:
+    """Write `run_dir/index.html` (and its figures); returns the page's path."""
+    text = render_page(review)
+    path = review.run_dir / PAGE_FILE
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,184 @@
+"""Reviewing a run: what failed (failing rows first, with numbers and bounds), and what changed
+against the baseline for its device kind and dtype. `parity review` prints this and writes the
+run's `index.html` (parity.report.page); its exit status is what CI gates on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from parity.report.baseline import (
+    BASELINE_DIR,
+    DEFAULT_MARGIN,
+    Comparison,
+    allowance_used,
+    compare_rows,
+    default_baseline_path,
+    format_comparison,
+    load_rows,
+    row_location,
+)
+from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, TIE_FLIP
+from parity.report.rows import RESULTS_FILE, format_summary, read_run_info, summarize
+
+EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+_ORDER = {ERROR: 0, FAIL: 1, TIE_FLIP: 2, NOT_APPLICABLE: 3, PASS: 4}
+
+
+def used_share(row: pd.Series) -> float:
+    """How much of its bound a row uses (1.0 = at the bound); -inf when it has no bound."""
+    used = allowance_used(row["value"], row["threshold"], row["better"])
+    return -math.inf if pd.isna(used) else used
+
+
+def failing_first(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows in review order: error, fail, tie_flip, not_applicable, pass; within each, nearest to its bound first.
+
+    Info rows go after gate rows of the same verdict (they decided nothing).
+    """
+    if frame.empty:
+        return frame
+    keyed = frame.assign(
+        _verdict=frame["verdict"].map(_ORDER).fillna(len(_ORDER)),
+        _info=(frame["kind"] == "info").astype(int),
+        _used=-frame.apply(used_share, axis=1),
+    )
+    keyed = keyed.sort_values(["_verdict", "_info", "_used"], kind="stable")
+    return keyed.drop(columns=["_verdict", "_info", "_used"])
+
+
+def failing_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Gate rows whose verdict is fail or error, in review order."""
+    gates = frame[(frame["kind"] != "info") & frame["verdict"].isin((FAIL, ERROR))]
+    return failing_first(gates)
+
+
+def failing_suites_first(summary: pd.DataFrame) -> pd.DataFrame:
+    """Summary rows ordered: suites with errors, then failures, then tie flips, then by name."""
+    if summary.empty:
+        return summary
+    order = summary[["error", "fail", "tie_flip"]].mul(-1).assign(suite=summary["suite"])
+    return summary.loc[order.sort_values(["error", "fail", "tie_flip", "suite"], kind="stable").index]
+
+
+@dataclasses.dataclass
+class Review:
+    """A run's rows, its summary, its environment and (when one applies) the baseline comparison."""
+
+    run_dir: Path
+    frame: pd.DataFrame
+    info: dict[str, Any]
+    comparison: Comparison | None = None
+    baseline_note: str = ""
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        return summarize(self.frame)
+
+    @property
+    def failing(self) -> pd.DataFrame:
+        return failing_rows(self.frame)
+
+    @property
+    def ok(self) -> bool:
+        return self.failing.empty and (self.comparison is None or self.comparison.ok)
+
+    @property
+    def title(self) -> str:
+        run_id = self.info.get("run_id") or self.run_dir.name
+        return f"parity review: {run_id}"
+
+    def status_line(self) -> str:
+        failing_cases = int(self.summary[["fail", "error"]].to_numpy().sum()) if not self.summary.empty else 0
+        parts = [f"{failing_cases} failing case(s)"]
+        if self.comparison is not None:
+            parts.append(f"{len(self.comparison.regressions)} regression(s)")
+            parts.append(f"{self.comparison.vanished_gate_rows} vanished gate row(s)")
+            parts.append(f"{len(self.comparison.improvements)} improvement(s)")
+        return ("OK: " if self.ok else "FAILED: ") + ", ".join(parts)
+
+
+def load_review(
+    run_dir: str | Path,
+    *,
+    baseline: str | Path | None = None,
+    use_default_baseline: bool = True,
+    margin: float = DEFAULT_MARGIN,
+    baseline_dir: Path = BASELINE_DIR,
+) -> Review:
+    """Read `run_dir` and compare it with `baseline` (a run directory or CSV) or, when none is given
+    and `use_default_baseline`, with `baseline_dir/<device kind>-<dtype>.csv` if that exists."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (a directory holding {RESULTS_FILE})")
+    frame = load_rows(run_dir)
+    review = Review(run_dir=run_dir, frame=frame, info=read_run_info(run_dir))
+    if baseline is None and use_default_baseline and not frame.empty:
+        candidate = default_baseline_path(run_dir, frame, baseline_dir)
+        if candidate.exists():
+            baseline = candidate
+        else:
+            review.baseline_note = f"no baseline for this device kind and dtype at {candidate}"
+    if baseline is not None:
+        review.comparison = compare_rows(load_rows(baseline), frame, margin=margin, name=str(baseline))
+    return review
+
+
+def _row_line(row: pd.Series) -> str:
+    value = "" if pd.isna(row["value"]) else f"{row['value']:.4g}"
+    bound = "no bound" if pd.isna(row["threshold"]) else f"threshold {row['threshold']:.4g} ({row['better'] or 'n/a'} is better)"
+    detail = f": {row['detail']}" if row["detail"] else ""
+    if len(detail) > 200:
+        detail = detail[:197] + "..."
+    return f"  {row['verdict']:<8} {row_location(row)}={value} {bound}{detail}"
+
+
+def format_review(review: Review, *, show_all: bool = False, limit: int = 20) -> str:
+    """Terminal text: per suite (failing suites first) its counts and failing rows, then the baseline."""
+    frame = review.frame
+    config = ", ".join(
+        f"{k} {review.info.get(k) or _one(frame, k)}" for k in ("target", "device", "dtype", "size") if k in frame
+    )
+    lines = [f"{review.title} ({config}; git {review.info.get('git_sha', '?')}; torch {review.info.get('torch', '?')})", ""]
+    lines += [format_summary(review.summary), ""]
+    summary = review.summary
+    summary = failing_suites_first(summary)
+    for _, suite_row in summary.iterrows():
+        suite = suite_row["suite"]
+        rows = frame[(frame["suite"] == suite) & (frame["kind"] != "info")]
+        shown = failing_first(rows)
+        if not show_all:
+            shown = shown[shown["verdict"] != PASS]
+        if shown.empty:
+            continue
+        header = f"{suite}: {suite_row['cases']} cases, {suite_row['fail']} fail, {suite_row['error']} error, {suite_row['tie_flip']} tie_flip, {suite_row['not_applicable']} not_applicable"
+        lines.append(header)
+        for _, row in shown.head(limit).iterrows():
+            lines.append(_row_line(row))
+        if len(shown) > limit:
+            lines.append(f"  ... {len(shown) - limit} more rows (all of them: {review.run_dir / RESULTS_FILE})")
+    lines.append("")
+    if review.comparison is not None:
+        lines += [format_comparison(review.comparison, limit=limit), ""]
+    elif review.baseline_note:
+        lines += [review.baseline_note, ""]
+    lines.append(review.status_line())
+    return "\n".join(lines)
+
+
+def _one(frame: pd.DataFrame, column: str) -> str:
+    values = sorted(set(frame[column]) - {""})
+    return "/".join(values) if values else "?"
+
+
+def latest_run_dir(report_dir: Path) -> Path:
+    """The run directory under `report_dir` whose results.csv was written last."""
+    runs = [p for p in Path(report_dir).iterdir() if (p / RESULTS_FILE).is_file()] if Path(report_dir).is_dir() else []
+    if not runs:
+        raise FileNotFoundError(f"no run directories with {RESULTS_FILE} under {report_dir}")
+    return max(runs, key=lambda p: (p / RESULTS_FILE).stat().st_mtime)

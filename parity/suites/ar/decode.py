@@ -1,0 +1,237 @@
+"""The decode suite's two metrics, as functions the suite and its tests (tests/) both call.
+
+* **Free-running greedy** (`judge_free_running`): each side feeds back its own argmax. Tokens must
+  equal the reference's; step logits are compared up to the first differing token. A differing
+  token whose reference top-1 minus top-2 logit lies within the dtype's noise is a `tie_flip`;
+  after it the sequences legitimately diverge, so this metric stops there.
+* **Teacher-forced** (`teacher_forced_step_logits`, `judge_teacher_forced`): the target is
+  prefilled with the prompt and then fed the *reference's* token at every step, so its step logits
+  are those of the same context as the reference's (the reference's greedy step logits are already
+  conditioned on its own tokens) and every step is compared, tie flip or not. Rows per bucket of
+  steps (`[decode_settings] bucket_steps`).
+
+fp32 (no golden): allclose at `serving_vs_reference_fp32`. Off fp32: the fp64-golden noise-floor
+rule at `noise_floor_bf16`, the golden being the fp64 reference's forward over prompt + the
+reference's tokens (the same context both sides were fed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from parity.compare import FAIL, PASS, TIE_FLIP, TensorDiff, Verdict, classify_decision, diff, noise_floor_rule
+from parity.runners import make_runner
+from parity.suites.ar.support import CASES, TOL, ARModels, DecodeSettings
+
+SETTINGS: DecodeSettings = CASES["decode_settings"]
+
+StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceDecode:
+    """The reference's greedy decode of one prompt and, off fp32, the golden's logits on its tokens."""
+
+    prompt: torch.Tensor  # [B, L]
+    tokens: torch.Tensor  # [B, N]: the reference's greedy tokens
+    step_logits: torch.Tensor  # [B, N, V]: step_logits[:, i] chose tokens[:, i]
+    golden: torch.Tensor | None  # [B, N, V] fp64, same contexts as step_logits; None in fp32
+
+    @property
+    def steps(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+@torch.no_grad()
+def reference_decode(models: ARModels, prompt: torch.Tensor, steps: int) -> ReferenceDecode:
+    """Run the reference's greedy decode (full recompute) and, off fp32, the fp64 golden on its tokens."""
+    out = models.reference.greedy_generate(prompt, steps)
+    golden = None
+    if models.golden is not None:
+        length = prompt.shape[1]
+        sequence = torch.cat([prompt, out.tokens], dim=1)
+        golden = models.golden.forward(sequence).logits[:, length - 1 : length - 1 + steps]
+    return ReferenceDecode(prompt, out.tokens, out.step_logits, golden)
+
+
+def graph_step(models: ARModels, mode: str, batch: int) -> tuple[Any, StepFn]:
+    """Capture the target's decode step on all-zero ids and positions (as a serving engine captures
+    it, before any prefill); return the prepared run (a context manager) and a replaying step.
+    The target's decode state must already be allocated: the graph is bound to its buffers."""
+    runner = make_runner(mode, device=models.device, capture_registry=models.target.capture)
+    ids = torch.zeros(batch, 1, dtype=torch.long, device=models.device)
+    positions = torch.zeros(batch, dtype=torch.long, device=models.device)
+    run = runner.prepare(models.target.decode_step, (ids, positions), dummy="zeros", name="decode_step")
+    return run, lambda step_ids, step_positions: run(step_ids, step_positions).output
+
+
+# ---------------------------------------------------------------------------------------------
+# Free-running greedy decode (tie-aware up to the first divergence)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FreeRunning:
+    """The free-running metric: `matched` (gate `matched_steps`) and the step logits up to the
+    first divergence (`logits`; fp32 also `measured`, the diff behind it), None when no step was
+    comparable."""
+
+    matched: Verdict
+    logits: Verdict | None
+    measured: TensorDiff | None
+    site: str
+
+
+def first_divergence(want: torch.Tensor, got: torch.Tensor) -> int | None:
+    """The first step at which any row's token differs, or None."""
+    differs = (want != got).any(0)
+    return int(differs.nonzero()[0]) if bool(differs.any()) else None
+
+
+def tie_verdict(dtype: torch.dtype, want_logits: torch.Tensor, want: torch.Tensor, got: torch.Tensor, step: int) -> tuple[str, str]:
+    """Classify the first differing step by the reference's top-1 vs top-2 margin at that step."""
+    details, verdicts = [], []
+    for row in range(want.shape[0]):
+        if want[row, step] == got[row, step]:
+            continue
+        top2 = want_logits[row, step].double().topk(2)
+        margin = float(top2.values[0] - top2.values[1])
+        magnitude = float(top2.values[0].abs())
+        verdict = classify_decision(margin, magnitude, dtype, SETTINGS.tie_spacings)
+        verdicts.append(verdict)
+        details.append(
+            f"row {row} step {step}: reference {int(want[row, step])} vs target {int(got[row, step])}, "
+            f"top-2 margin {margin:.3g} at |logit| {magnitude:.3g} ({verdict})"
+        )
+    worst = FAIL if FAIL in verdicts else TIE_FLIP
+    return worst, "; ".join(details) + f" [{SETTINGS.reason}]"
+
+
+def judge_free_running(models: ARModels, reference: ReferenceDecode, tokens: torch.Tensor, step_logits: torch.Tensor) -> FreeRunning:
+    """Tokens against the reference's; step logits up to the first differing token."""
+    steps, batch = reference.steps, reference.tokens.shape[0]
+    diverged = first_divergence(reference.tokens, tokens)
+    matched = steps if diverged is None else diverged
+    if diverged is None:
+        verdict, detail = PASS, f"all {steps} greedy tokens of {batch} row(s) equal the reference's"
+    else:
+        verdict, detail = tie_verdict(models.dtype, reference.step_logits, reference.tokens, tokens, diverged)
+    matched_verdict = Verdict(verdict, "matched_steps", matched, steps, detail)
+
+    if matched == 0:
+        return FreeRunning(matched_verdict, None, None, "step_logits")
+    want, have = reference.step_logits[:, :matched], step_logits[:, :matched]
+    if reference.golden is None:  # fp32: plain tolerance
+        measured = diff(want, have, TOL["serving_vs_reference_fp32"], name="step logits")
+        site = "step_logits" if measured.first_bad_index is None else f"step.{measured.first_bad_index[1]}"
+        return FreeRunning(matched_verdict, measured.verdict("max_abs"), measured, site)
+    # off fp32: both against the fp64 golden, teacher-forced on the reference's tokens
+    logits, _ = noise_floor_rule(reference.golden[:, :matched], want, have, TOL["noise_floor_bf16"], name="step logits")
+    return FreeRunning(matched_verdict, logits, None, "step_logits")
+
+
+# ---------------------------------------------------------------------------------------------
+# Teacher-forced decode (every step compared)
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def teacher_forced_step_logits(target: Any, prompt: torch.Tensor, tokens: torch.Tensor, step_fn: StepFn | None = None) -> torch.Tensor:
+    """The target's step logits when fed `tokens` (the reference's) instead of its own argmax.
+
+    Through the adapter contract only: `prefill(prompt)` gives step 0, then step `i` is
+    `decode_step(tokens[:, i-1], position L+i-1)` (or `step_fn`, a replayed graph of it). Returns
+    [B, N, V], index i conditioned on prompt + tokens[:, :i], like the reference's step logits.
+    Without `step_fn` the decode state is allocated here; with one it must already be (the graph
+    is bound to that state's buffers).
+    """
+    batch, length = prompt.shape
+    steps = tokens.shape[1]
+    if steps < 1:
+        raise ValueError("teacher-forced decode needs at least one step")
+    if step_fn is None:
+        target.allocate_decode_state(batch, length + steps)
+    step = step_fn or target.decode_step
+    logits = [target.prefill(prompt)[:, -1]]
+    for i in range(1, steps):
+        positions = torch.full((batch,), length + i - 1, dtype=torch.long, device=prompt.device)
+        logits.append(step(tokens[:, i - 1 : i], positions))
+    return torch.stack(logits, dim=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBucket:
+    """One bucket of teacher-forced steps [first, last]: its gate verdict and the plain diff
+    (max abs, max ULP in the candidate's dtype) recorded beside it."""
+
+    first: int
+    last: int
+    verdict: Verdict  # fp32: allclose (`max_abs`); off fp32: the golden noise floor (`rmse_vs_golden`)
+    measured: TensorDiff
+    noise_floor: bool
+
+    @property
+    def site(self) -> str:
+        return f"teacher_forced.steps.{self.first}-{self.last}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherForced:
+    buckets: list[StepBucket]
+    compared: Verdict  # gate `compared_steps`: the steps judged, must equal the case's steps
+
+
+def _worst_step(want: torch.Tensor, have: torch.Tensor, first: int) -> tuple[int, float]:
+    """The step (absolute index) with the largest |have - want| in a bucket, and that value."""
+    per_step = (have.double() - want.double()).abs().nan_to_num(nan=float("inf")).amax(dim=(0, 2))
+    worst = int(per_step.argmax())
+    return first + worst, float(per_step[worst])
+
+
+def judge_teacher_forced(models: ARModels, reference: ReferenceDecode, step_logits: torch.Tensor, bucket_steps: int | None = None) -> TeacherForced:
+    """Judge the target's teacher-forced step logits against the reference's, bucket by bucket."""
+    bucket_steps = bucket_steps or SETTINGS.bucket_steps
+    steps = reference.steps
+    have_steps = int(step_logits.shape[1])
+    compared = min(steps, have_steps)
+    buckets = []
+    for first in range(0, compared, bucket_steps):
+        last = min(first + bucket_steps, compared) - 1
+        want, have = reference.step_logits[:, first : last + 1], step_logits[:, first : last + 1]
+        worst, worst_abs = _worst_step(want, have, first)
+        name = f"teacher-forced step logits, steps {first}-{last} (largest |d| {worst_abs:.3g} at step {worst})"
+        if reference.golden is None:  # fp32: element-wise allclose
+            measured = diff(want, have, TOL["serving_vs_reference_fp32"], name=name)
+            if measured.first_bad_index is not None:
+                name += f", first over tolerance at step {first + measured.first_bad_index[1]}"
+                measured = dataclasses.replace(measured, name=name)
+            verdict = measured.verdict("max_abs")
+        else:  # off fp32: the fp64-golden noise floor over the bucket
+            tol = TOL["noise_floor_bf16"]
+            measured = diff(want, have, tol, name=name)
+            verdict, _ = noise_floor_rule(reference.golden[:, first : last + 1], want, have, tol, name=name)
+        buckets.append(StepBucket(first, last, verdict, measured, noise_floor=reference.golden is not None))
+    detail = f"{compared} of {steps} decode steps compared teacher-forced (the target fed the reference's tokens)"
+    if have_steps != steps:
+        detail += f"; the target produced {have_steps} step logits"
+    count = Verdict(PASS if compared == steps else FAIL, "compared_steps", compared, steps, detail)
+    return TeacherForced(buckets, count)
+
+
+def write_teacher_forced(report: Any, result: TeacherForced, *, case: str, mode: str) -> None:
+    """Rows: per bucket a gate row (fp32 `max_abs`, off fp32 `rmse_vs_golden`) with `max_ulp`
+    (and off fp32 `max_abs`) as info rows; then the gate row `compared_steps`."""
+    for bucket in result.buckets:
+        where = {"case": case, "mode": mode, "site": bucket.site}
+        if not bucket.noise_floor:  # the gate is the diff's own max_abs
+            report.diff(bucket.measured, info=("max_ulp",), **where)
+            continue
+        report.verdict(bucket.verdict, **where)
+        for metric in ("max_abs", "max_ulp"):
+            report.info(metric=metric, value=getattr(bucket.measured, metric), verdict=bucket.verdict.verdict,
+                        detail=bucket.measured.name, better="lower", **where)
+    report.verdict(result.compared, case=case, mode=mode, site="teacher_forced", better="equal")

@@ -1,0 +1,58 @@
+"""What the fail_closed_capture suite runs in fresh processes, parameterized by environment variables.
+
+A failed CUDA capture poisons the process's CUDA RNG, and "warn exactly once per process" can
+only be checked in a process that has not warned yet, so these run in children. The child finds
+the target spec, size, seed and device in `PARITY_FC_*` variables the suite sets. The refusal is
+checked on the tiny configuration in every lane: it happens at the first MoE layer, before any
+width matters.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+
+import torch
+
+from parity.runners.capture_isolated import CaptureCase
+from parity.target import load_target
+from reference_models.checkpoints import make_checkpoint
+
+ENV_TARGET, ENV_SEED, ENV_DEVICE = "PARITY_FC_TARGET", "PARITY_FC_SEED", "PARITY_FC_DEVICE"
+
+
+def _adapter():
+    target = load_target(os.environ.get(ENV_TARGET, "serving"))
+    checkpoint = make_checkpoint("ar", "tiny", int(os.environ.get(ENV_SEED, "0")), tempfile.mkdtemp(prefix="parity-fc-"))
+    device = torch.device(os.environ.get(ENV_DEVICE, "cpu"))
+    return target, target.load_ar(checkpoint, device, torch.float32), device
+
+
+def capture_without_mask() -> CaptureCase:
+    """The child's factory: the case below for the target named in the environment."""
+    target, adapter, device = _adapter()
+    return capture_without_mask_case(target, adapter, device)
+
+
+def capture_without_mask_case(target, adapter, device: torch.device) -> CaptureCase:
+    """Capture the forward on embeddings alone: no ids, so no mask reaches the MoE layers."""
+    embeds = adapter.embed(torch.zeros(1, 6, dtype=torch.long, device=device))
+
+    def forward_on_embeddings(inputs_embeds: torch.Tensor):
+        return adapter.forward(None, inputs_embeds)
+
+    return CaptureCase(forward_on_embeddings, (embeds,), name="forward(inputs_embeds only)", capture_registry=target.capture)
+
+
+def count_missing_probe_warnings(calls: int = 25) -> int:
+    """Remove the CPU backend's probe through the target's registry, run `calls` forwards, count
+    the warnings that say a capture probe is missing (printed for the parent)."""
+    target, adapter, device = _adapter()
+    ids = torch.tensor([[3, 17, 42, 5]], device=device)
+    target.capture.register_capture_probe(device.type, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(calls):
+            adapter.forward(ids)
+    return sum("probe" in str(w.message).lower() for w in caught)

@@ -1,0 +1,271 @@
+"""AR mutants of the sensitivity catalogue (vllm-omni#7318, #9764, #9851, #7319, #7432 and ports' slips).
+
+Each entry is registered with `parity.suites.sensitivity.catalogue` and is a `--target` factory:
+`--target parity.suites.ar.mutants:mutant_<name with _ for ->`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+
+from parity.suites.sensitivity.catalogue import Kill, factory_lookup, mutant
+from parity.suites.sensitivity.catalogue import patch as _patch
+
+__getattr__ = factory_lookup(__name__)
+
+AR = "serving_models.ar.model"
+EXPERT_SELECTION = "parity/suites/ar/test_expert_selection.py"
+
+
+# ---------------------------------------------------------------------------------------------
+# AR backbone (seed 000: vllm-omni#7318, #9764, #9851, #7319, #7432)
+# ---------------------------------------------------------------------------------------------
+
+
+@mutant(
+    "multimodal-drops-input-ids",
+    defect="the runner's multimodal entry passes inputs_embeds only: mask None, every token on the und expert (#9851)",
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "multimodal and not compiled"),
+)
+def _drop_input_ids() -> None:
+    from serving_models.ar import runner as ar_runner
+
+    original = ar_runner.prepare_model_inputs
+
+    def prepare_model_inputs(model, input_ids, inputs_embeds):
+        inputs = original(model, input_ids, inputs_embeds)
+        if inputs_embeds is not None:
+            inputs["input_ids"] = None
+        return inputs
+
+    ar_runner.prepare_model_inputs = prepare_model_inputs
+
+
+@mutant(
+    "host-branch-dispatch-under-capture",
+    defect="the eager any/all dispatch stays active under capture, so the dummy batch's branch is what a graph holds (#7318)",
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "test_expert_selection and cpu_graph"),
+    cuda=(EXPERT_SELECTION, "-k", "test_expert_selection and cuda_graph"),
+)
+def _host_branch_dispatch() -> None:
+    ar = importlib.import_module(AR)
+
+    def moe_dispatch(hidden_states, und_expert, gen_expert, gen_token_mask, layer_name):
+        if gen_expert is None:
+            return und_expert(hidden_states)
+        return ar.moe_eager(hidden_states, und_expert, gen_expert, gen_token_mask)
+
+    ar.moe_dispatch = moe_dispatch
+
+
+@mutant(
+    "dispatch-from-stale-host-metadata",
+    defect=(
+        "the expert dispatch branches on host-side batch metadata (has gen tokens / all gen) refreshed only "
+        "outside capture: the graph captured after warm-up on the all-zero dummy batch bakes the und expert "
+        "and replays it for every real token (vllm-omni#7318 as shipped)"
+    ),
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "test_expert_selection and cpu_graph"),
+    cuda=(EXPERT_SELECTION, "-k", "test_expert_selection and cuda_graph"),
+)
+def _stale_host_metadata() -> None:
+    import torch
+
+    ar = importlib.import_module(AR)
+    from serving_models.common import capture
+
+    host = {"has_gen": False, "all_gen": False}  # the runner's per-step metadata, kept on the host
+
+    def moe_dispatch(hidden_states, und_expert, gen_expert, gen_token_mask, layer_name):
+        if gen_expert is None:
+            return und_expert(hidden_states)
+        capturing = torch.compiler.is_compiling() or capture.is_capturing(hidden_states.device)
+        if gen_token_mask is not None and not capturing:
+            mask = gen_token_mask.cpu()  # a host read, legal outside capture: refreshes the metadata
+            host.update(has_gen=bool(mask.any()), all_gen=bool(mask.all()))
+        if not host["has_gen"]:
+            return und_expert(hidden_states)
+        if host["all_gen"]:
+            return gen_expert(hidden_states)
+        return ar.moe_blend(hidden_states, und_expert, gen_expert, gen_token_mask)
+
+    ar.moe_dispatch = moe_dispatch
+
+
+@mutant(
+    "capture-without-mask-fails-open",
+    defect="capturing without a mask silently runs the und expert for every token instead of raising (#9764)",
+    suite="fail_closed_capture",
+    tests=("parity/suites/ar/test_fail_closed_capture.py", "-k", "capture_without_mask"),
+)
+def _fail_open() -> None:
+    ar = importlib.import_module(AR)
+    original = ar.moe_dispatch
+
+    def moe_dispatch(hidden_states, und_expert, gen_expert, gen_token_mask, layer_name):
+        if gen_token_mask is None:
+            return und_expert(hidden_states)
+        return original(hidden_states, und_expert, gen_expert, gen_token_mask, layer_name)
+
+    ar.moe_dispatch = moe_dispatch
+
+
+@mutant(
+    "no-clamp-gen-side",
+    defect="the gen-table index is id - start unclamped: text ids and the -1 sentinel index out of range on the discarded side (#7432)",
+    suite="embedding_clamp",
+    tests=("parity/suites/ar/test_embedding_clamp.py", "-k", "in_range_indices and not compiled"),
+)
+def _no_clamp_gen() -> None:
+    _patch(AR, "clamp_gen_ids", lambda input_ids, start, gen_vocab_size: input_ids - start)
+
+
+@mutant(
+    "no-clamp-base-side",
+    defect="the base-table index is the raw id: gen ids and the -1 sentinel index out of range on the discarded side (#7319)",
+    suite="embedding_clamp",
+    tests=("parity/suites/ar/test_embedding_clamp.py", "-k", "in_range_indices and not compiled"),
+)
+def _no_clamp_base() -> None:
+    _patch(AR, "clamp_base_ids", lambda input_ids, base_vocab_size: input_ids)
+
+
+def _patch_moe_enable(rule: Callable[[int, int, int], bool]) -> None:
+    from serving_models.ar import config as ar_config
+
+    original = ar_config.moe_enable
+
+    def moe_enable(moe_type: str, layer_type: str, layer_idx: int) -> bool:
+        if ":" not in moe_type:
+            return original(moe_type, layer_type, layer_idx)
+        kind, _, span = moe_type.partition("-")
+        start, end = (int(v) for v in span.split(":"))
+        return layer_type in kind and rule(start, end, layer_idx)
+
+    ar_config.moe_enable = moe_enable
+
+
+@mutant(
+    "moe-range-inclusive",
+    defect="moe_type's 'a:b' read as inclusive, enabling the gen expert one layer past the range",
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "moe_type"),
+)
+def _moe_inclusive() -> None:
+    _patch_moe_enable(lambda start, end, i: start <= i <= end)
+
+
+@mutant(
+    "moe-range-shifted",
+    defect="moe_type's range shifted by one layer (1-based reading)",
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "moe_type"),
+)
+def _moe_shifted() -> None:
+    _patch_moe_enable(lambda start, end, i: start <= i - 1 < end)
+
+
+@mutant(
+    "gen-mlp-never-called",
+    defect="gen_mlp weights load and are never called: every token on the und expert (the 42 unused tensors of #9764)",
+    suite="weight_coverage",
+    tests=("parity/suites/ar/test_weight_coverage.py", "-k", "target"),
+)
+def _gen_never_called() -> None:
+    _patch(AR, "moe_dispatch", lambda hidden_states, und_expert, gen_expert, gen_token_mask, layer_name: und_expert(hidden_states))
+
+
+@mutant(
+    "decode-resets-mask",
+    defect="decode steps drop the mask (UP3's prepare_inputs_for_generation reset misused): decode routes every token to the und expert",
+    suite="decode",
+    tests=("parity/suites/ar/test_decode.py", "-k", "eager"),
+)
+def _decode_resets_mask() -> None:
+    ar = importlib.import_module(AR)
+    lm = ar.MammothModa2Qwen2ForCausalLM
+    original = lm.forward
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, gen_token_mask=None, kv_cache=None):
+        if kv_cache is not None and input_ids is not None and input_ids.shape[1] == 1:
+            inputs_embeds, input_ids = self.get_input_embeddings(input_ids), None
+        return original(self, input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache)
+
+    lm.forward = forward
+
+
+def _probe_warning(every_call: bool) -> None:
+    from serving_models.common import capture
+
+    def is_capturing(device) -> bool:
+        backend = capture._backend_name(device)
+        probe = capture._probes.get(backend)
+        if probe is None:
+            if every_call:
+                warnings.warn(f"backend {backend!r} has no capture probe", capture.MissingCaptureProbeWarning, stacklevel=2)
+            return False
+        return bool(probe())
+
+    capture.is_capturing = is_capturing
+
+
+@mutant(
+    "probe-warning-every-call",
+    defect="the missing-probe warning fires on every call (log spam on NPU/XPU backends)",
+    suite="fail_closed_capture",
+    tests=("parity/suites/ar/test_fail_closed_capture.py", "-k", "missing_probe"),
+)
+def _warn_every_call() -> None:
+    _probe_warning(every_call=True)
+
+
+@mutant(
+    "probe-warning-never",
+    defect="a backend without a capture probe silently reports 'not capturing' (no warning)",
+    suite="fail_closed_capture",
+    tests=("parity/suites/ar/test_fail_closed_capture.py", "-k", "missing_probe"),
+)
+def _warn_never() -> None:
+    _probe_warning(every_call=False)
+
+
+@mutant(
+    "replay-without-copy-in",
+    defect="a decode step replayed without copying the new inputs into the graph's static buffers (stale replay)",
+    suite="decode",
+    tests=("parity/suites/ar/test_decode.py", "-k", "cpu_graph"),
+    cuda=("parity/suites/ar/test_decode.py", "-k", "cuda_graph"),
+)
+def _no_copy_in() -> None:
+    from parity.runners.graph import GraphRun  # the copy-in both graph modes share
+
+    GraphRun._copy_in = lambda self, inputs: None
+
+
+@mutant(
+    "rmsnorm-eps-1e-5",
+    defect="RMSNorm eps 1e-5 (UP25's class default) instead of the release's 1e-6 in the serving model: a small numeric drift",
+    suite="numerics",
+    tests=("parity/suites/ar/test_numerics.py", "-k", "layer_by_layer and eager"),
+    cuda=Kill(
+        ("parity/suites/ar/test_numerics.py", "-k", "layer_by_layer and eager"),
+        dtype="fp32",
+        why=(
+            "in bf16 the eps change (1e-5 vs 1e-6 added to mean squares of order 1) moves activations by about "
+            "1e-6 relative, far inside bf16 rounding (2^-8): an equivalent mutant at bf16, so the CUDA lane checks it in fp32"
+        ),
+    ),
+)
+def _rmsnorm_eps() -> None:
+    ar = importlib.import_module(AR)
+    original = ar.RMSNorm.__init__
+
+    def __init__(self, hidden_size, eps=1e-6, *args, **kwargs):
+        original(self, hidden_size, 1e-5, *args, **kwargs)
+
+    ar.RMSNorm.__init__ = __init__

@@ -1,0 +1,158 @@
+"""fail_closed_capture: a capture that cannot route must refuse, loudly and with the right advice.
+
+vllm-omni#9764: with embeddings but no ids there is no gen mask; capturing then would bake the
+understanding expert for every token, so the target must raise a RuntimeError that names the
+layer, offers enforce_eager and says PIECEWISE is not a workaround (PIECEWISE pieces hold the MoE
+too). Eager without a mask keeps running (the upstream behaviour). A backend without a capture
+probe warns once per process. The attribute that keeps ids on the multimodal path,
+`requires_raw_input_tokens`, is checked as an attribute and by behaviour; the pipeline-parallel
+factory the constructor installs must seed the mask.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from parity.compare import FAIL, PASS, Verdict, diff
+from parity.env import PROJECT_ROOT
+from parity.runners import CaptureError, make_runner
+from parity.suites.ar import fail_closed_cases
+from parity.suites.ar.support import PROMPTS, TOL, moe_taps, observe_expert_use
+from parity.suites.conftest import require_graph_support
+
+pytestmark = pytest.mark.suite("fail_closed_capture")
+
+REQUIRED_PHRASES = {
+    "offers_enforce_eager": "enforce_eager",
+    "says_piecewise_is_not_a_workaround": "PIECEWISE is not a workaround",
+    "names_the_layer": "model.layers.",
+}
+
+
+def _record_refusal(report, mode: str, refused: bool, message: str, kind: str) -> None:
+    report.verdict(
+        Verdict(PASS if refused else FAIL, "capture_refused", int(refused), 1, f"{kind}: {message[:600]}"),
+        case="capture-without-mask",
+        mode=mode,
+        better="equal",
+    )
+    for metric, phrase in REQUIRED_PHRASES.items():
+        present = phrase in message
+        report.verdict(
+            Verdict(PASS if present else FAIL, metric, int(present), 1, f"looked for {phrase!r} in the refusal"),
+            case="capture-without-mask",
+            mode=mode,
+            better="equal",
+        )
+
+
+def _child_env(monkeypatch, settings, device: str) -> None:
+    monkeypatch.setenv(fail_closed_cases.ENV_TARGET, settings.target)
+    monkeypatch.setenv(fail_closed_cases.ENV_SEED, str(settings.seed))
+    monkeypatch.setenv(fail_closed_cases.ENV_DEVICE, device)
+
+
+@pytest.mark.parametrize("mode", ["cpu_graph", "cuda_graph"])
+def test_capture_without_mask_fails_closed(mode: str, ar_models, report, settings, target, monkeypatch) -> None:
+    require_graph_support(ar_models.target, mode)
+    if mode == "cpu_graph":
+        if settings.device != "cpu":
+            pytest.skip("cpu_graph is the CPU lane's stand-in")
+        case = fail_closed_cases.capture_without_mask_case(target, ar_models.target, ar_models.device)
+        runner = make_runner("cpu_graph", device="cpu", capture_registry=case.capture_registry)
+        try:
+            runner.prepare(case.fn, case.example_inputs, name=case.name).close()
+            refused, message, kind = False, "the capture succeeded: und expert baked for every token", "captured"
+        except (CaptureError, RuntimeError) as error:
+            cause = error.__cause__ if isinstance(error, CaptureError) and error.__cause__ is not None else error
+            refused = isinstance(cause, RuntimeError)
+            message, kind = str(cause), type(cause).__name__
+        _record_refusal(report, mode, refused, message, kind)
+        return
+    if settings.device != "cuda":
+        pytest.skip("cuda_graph needs --device cuda")
+    from parity.runners.capture_isolated import capture_in_subprocess
+
+    _child_env(monkeypatch, settings, "cuda")
+    outcome = capture_in_subprocess("parity.suites.ar.fail_closed_cases:capture_without_mask", mode="cuda_graph", device="cuda", cwd=PROJECT_ROOT)
+    message = outcome.message or "the capture succeeded: und expert baked for every token"
+    refused = not outcome.captured and outcome.cause_type == "RuntimeError"
+    _record_refusal(report, mode, refused, message, f"{outcome.error_type}/{outcome.cause_type} (fresh process)")
+
+
+def test_eager_without_mask_still_runs(ar_models, report) -> None:
+    """Embeddings without ids in eager: no error, finite logits, und expert everywhere (upstream)."""
+    models = ar_models
+    ids = models.ids(PROMPTS[2].rows)  # mixed
+    with make_runner("eager", device=models.device).prepare(lambda e: models.target.forward(None, e), (ids,), taps=moe_taps(models.target)) as run:
+        result = run(models.target.embed(ids))
+    finite = bool(torch.isfinite(result.output.logits).all())
+    report.verdict(Verdict(PASS if finite else FAIL, "finite_logits", int(finite), 1, "eager forward on embeddings alone"),
+                   case="eager-without-mask", better="equal")
+    for use in observe_expert_use(models.target, result.taps, TOL["expert_observation"]):
+        on_gen = int(use.used_gen.sum())
+        report.info(case="eager-without-mask", site=f"layer.{use.layer}", metric="tokens_on_gen_expert", value=on_gen,
+                    detail="mask None: the upstream hazard routes every token to the und expert")
+
+
+def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, monkeypatch) -> None:
+    require_graph_support(ar_models.target, "cpu_graph")
+    _child_env(monkeypatch, settings, "cpu")
+    code = "from parity.suites.ar.fail_closed_cases import count_missing_probe_warnings as c; print('WARNINGS', c(25))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("WARNINGS ")]
+    if not lines:
+        raise RuntimeError(f"probe-warning child exited {done.returncode} without a count: {done.stderr[-2000:]}")
+    count = int(lines[-1].split()[1])
+    report.verdict(
+        Verdict(PASS if count == 1 else FAIL, "missing_probe_warnings", count, 1, "25 forwards on a backend whose probe was removed, fresh process"),
+        case="missing-probe-warn-once",
+        better="equal",
+    )
+
+
+def test_requires_raw_input_tokens(ar_models, report) -> None:
+    """The attribute on the top-level module and every AR wrapper class the target declares, and
+    by behaviour: the multimodal entry gives the logits of an ids forward, not of an embeddings-only one."""
+    models = ar_models
+    require_graph_support(models.target, "cpu_graph")
+    holders = [type(models.target.module), *getattr(models.target, "ar_wrapper_classes", lambda: [])()]
+    for holder in holders:
+        value = getattr(holder, "requires_raw_input_tokens", False) is True
+        report.verdict(Verdict(PASS if value else FAIL, "requires_raw_input_tokens", int(value), 1, holder.__qualname__),
+                       case=f"attribute-{holder.__name__}", better="equal")
+    ids = models.ids(PROMPTS[2].rows)  # mixed: gen tokens present
+    embeds = models.target.embed(ids)
+    entry = models.target.forward_multimodal(embeds, ids).logits
+    with_ids = models.target.forward(ids).logits
+    without_ids = models.target.forward(None, embeds).logits
+    report.diff(diff(with_ids, entry, TOL["serving_vs_reference_fp32"], name="multimodal entry vs ids forward"),
+                case="entry-passes-input-ids", site="logits")
+    apart = float((entry - without_ids).abs().max())
+    report.verdict(
+        Verdict(PASS if apart > 1e-3 else FAIL, "distance_from_ids_dropped", apart, 1e-3,
+                "the entry's logits must differ from an embeddings-only forward when the prompt holds gen tokens"),
+        case="entry-passes-input-ids",
+        better="higher",
+    )
+
+
+def test_pipeline_factory_seeds_gen_token_mask(ar_models, report) -> None:
+    """The factory the constructor installed (not a helper called directly) seeds the mask."""
+    models = ar_models
+    require_graph_support(models.target, "cpu_graph")
+    factory = getattr(models.target.module, "make_empty_intermediate_tensors", None)
+    if factory is None:
+        report.verdict(Verdict(FAIL, "factory_installed", 0, 1, "the module has no make_empty_intermediate_tensors"),
+                       case="pp-empty-intermediate-tensors", better="equal")
+        return
+    tensors = factory(3, models.dtype, models.device)
+    mask = tensors.get("gen_token_mask") if hasattr(tensors, "get") else None
+    ok = mask is not None and mask.dtype == torch.bool and mask.shape[0] == 3 and not bool(mask.any())
+    detail = "missing" if mask is None else f"{mask.dtype} {tuple(mask.shape)}"
+    report.verdict(Verdict(PASS if ok else FAIL, "gen_token_mask_seeded", int(ok), 1, f"gen_token_mask: {detail}"),
+                   case="pp-empty-intermediate-tensors", better="equal")

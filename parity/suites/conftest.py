@@ -1,0 +1,98 @@
+"""What every parity suite shares: execution modes by device, and skipping modes a target lacks.
+
+A test that takes a `mode` argument is parametrized over the modes of `--device`
+(`parity.runners.modes_for`: eager, cpu_graph, compiled on the CPU; eager, cuda_graph, compiled,
+compiled_cuda_graph on CUDA). Model fixtures live in the family support modules
+(`parity/suites/ar/support.py`, `parity/suites/dit/support.py`, `parity/suites/routing/support.py`); the model
+fixtures are registered here, once (a fixture imported into each test module would be a separate
+fixture per module, built once per module).
+
+At full size one H200 holds one family at a time (the AR pair with its fp64 golden is about
+126 GB, the DiT trio about 25 GB), so the models live in `RESIDENT`, which keeps every family at
+tiny size and only the family in use at full size; tests are ordered so each family's tests run
+together (one build per family and session).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from parity.runners import modes_for
+from parity.suites.ar.support import ARModels, build_ar_models
+from parity.suites.dit.support import DiTModels, build_dit_models, require_dit
+
+
+def _parametrizes(metafunc: pytest.Metafunc, name: str) -> bool:
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        if name in names:
+            return True
+    return False
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "mode" in metafunc.fixturenames and not _parametrizes(metafunc, "mode"):
+        metafunc.parametrize("mode", modes_for(metafunc.config.getoption("--device")))
+
+
+def require_graph_support(adapter: object, mode: str) -> None:
+    """Skip graph modes for a target that cannot be captured (the reference reads masks on the host)."""
+    if mode != "eager" and not getattr(adapter, "supports_capture", True):
+        pytest.skip(f"{adapter.name} target does not support capture (supports_capture=False): mode {mode} does not apply")
+
+
+class ResidentModels:
+    """Built model families, each built once; at full size only one family stays resident."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, Any] = {}
+
+    def get(self, family: str, build: Callable[[], Any], *, exclusive: bool) -> Any:
+        if family not in self.families:
+            if exclusive:
+                self.release()
+            self.families[family] = build()
+        return self.families[family]
+
+    def release(self) -> None:
+        self.families.clear()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+RESIDENT = ResidentModels()
+FAMILY_ORDER = ("ar_models", "dit_models")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the tests of one model family together (AR, then DiT, then the rest), file order kept."""
+
+    def family(item: pytest.Item) -> int:
+        names = getattr(item, "fixturenames", ())
+        return next((i for i, name in enumerate(FAMILY_ORDER) if name in names), len(FAMILY_ORDER))
+
+    items.sort(key=family)
+
+
+@pytest.fixture
+def ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
+    """The AR target, reference and golden (built once per session while resident)."""
+    if not hasattr(target, "load_ar"):
+        pytest.skip(f"target {target.name!r} has no AR backbone (no load_ar)")
+    build = lambda: build_ar_models(settings, target, tmp_path_factory)  # noqa: E731
+    return RESIDENT.get("ar", build, exclusive=settings.size == "full")
+
+
+@pytest.fixture
+def dit_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
+    """The DiT target, reference and golden (built once per session while resident)."""
+    require_dit(target)
+    build = lambda: build_dit_models(target, settings, tmp_path_factory)  # noqa: E731
+    return RESIDENT.get("dit", build, exclusive=settings.size == "full")

@@ -1,0 +1,225 @@
+"""Mutants of the serving DiT: the sensitivity catalogue's DiT entries (`--target parity.suites.dit.mutants:<name>`).
+
+Each factory takes no argument and returns the built-in serving target with ONE run-time change
+applied to every DiT it loads or builds (an instance attribute, a bound method, or a class swap
+of existing submodules to a subclass); the shipped code in `serving_models/` is never edited.
+Each stands for a defect of vllm-omni#7455 (seed 002) or a port error the DiT suites must catch,
+and names the suite and test that kill it (shown in `tests/test_suites_dit.py`).
+
+- `repeated_blocks_emptied`: `_repeated_blocks = []`, regional compile compiles nothing and runs
+  eager. Killed by recompiles (regional row, warm-up counts) and by the compiled tests of numerics
+  and image (regional row, `block_compiles`).
+- `empty_text_skip_in_block`: the skip moved back into the block as `if sequence_length == 0`.
+  Killed by recompiles (a new compile at the first text=0 point).
+- `context_refiner_on_empty_text`: no empty-text skip at all. Killed by recompiles (same point).
+- `rope_theta_from_llm`: the DiT RoPE built with the LLM's theta 1e6 instead of 10000. Killed by
+  numerics (velocity and blocks vs reference) and image (serving vs reference).
+- `compiled_rope_rotate_half`: a compile-only attention path with the rotate-half RoPE layout.
+  Killed by numerics (compiled vs eager) and image (compiled vs eager); eager parity is intact.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from parity.suites.sensitivity.catalogue import external
+from serving_models.dit import model as dit_model
+from serving_models.target import ServingTarget
+
+Mutation = Callable[[Any], None]  # applied to a freshly loaded serving DiT adapter
+
+
+class DiTMutantTarget(ServingTarget):
+    """The serving target whose `load_dit` / `build_dit` return a DiT with `mutate` applied."""
+
+    def __init__(self, name: str, mutate: Mutation) -> None:
+        self.name = f"serving+{name}"
+        self._mutate = mutate
+
+    def load_dit(self, checkpoint_dir, device, dtype):
+        adapter = super().load_dit(checkpoint_dir, device, dtype)
+        self._mutate(adapter)
+        return adapter
+
+    def build_dit(self, config, state_dict, device, dtype):
+        adapter = super().build_dit(config, state_dict, device, dtype)
+        self._mutate(adapter)
+        return adapter
+
+
+# --- run-time changes ---------------------------------------------------------------------------
+
+
+def _apply_refiners_without_skip(self, text, text_mask, text_rope, img, img_mask, img_rope, temb):
+    """`_apply_refiners` with the empty-text skip removed: the context refiner sees length 0."""
+    for layer in self.context_refiner:
+        text = layer(text, text_mask, text_rope)
+    for layer in self.noise_refiner:
+        img = layer(img, img_mask, img_rope, temb)
+    return text, img
+
+
+class _BlockWithLengthSkip(dit_model.TransformerBlock):
+    """The block with upstream's old short-circuit. The name stays `TransformerBlock`, so the
+    regional compiler (which matches class names) compiles it and the counter counts it."""
+
+    def forward(self, hidden_states, attention_mask, image_rotary_emb, temb=None):
+        sequence_length = hidden_states.shape[1]
+        if sequence_length == 0:  # a guard on a backed size: one more graph when 0 first arrives
+            return hidden_states
+        return super().forward(hidden_states, attention_mask, image_rotary_emb, temb)
+
+
+_BlockWithLengthSkip.__name__ = _BlockWithLengthSkip.__qualname__ = "TransformerBlock"
+
+
+def _rotate_half_layout(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on pairs (i, i + D/2) (NeoX layout) with pair i's angle: wrong for this model,
+    whose pairs are interleaved (2i, 2i+1) (spec 4.4)."""
+    x = x.to(cos.dtype)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, :, None, 0::2], sin[:, :, None, 0::2]
+    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+
+
+class _AttentionWithCompiledRotateHalf(dit_model.Attention):
+    """Eager: the shipped attention. Under `torch.compile`: a "fused" path that applies RoPE in
+    the rotate-half layout, as a compile-only kernel selection gone wrong would."""
+
+    def forward(self, x, mask, rope):
+        if not torch.compiler.is_compiling():
+            return super().forward(x, mask, rope)
+        dtype = x.dtype
+        q = self.norm_q(self.to_q(x).unflatten(-1, (self.heads, self.head_dim)))
+        k = self.norm_k(self.to_k(x).unflatten(-1, (self.kv_heads, self.head_dim)))
+        v = self.to_v(x).unflatten(-1, (self.kv_heads, self.head_dim))
+        q = _rotate_half_layout(q, *rope).to(dtype).transpose(1, 2)
+        k = _rotate_half_layout(k, *rope).to(dtype).transpose(1, 2)
+        v = v.transpose(1, 2)
+        rep = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=self.scale)
+        out = out.transpose(1, 2).flatten(2)
+        out = torch.where(mask[:, :, None], out, torch.zeros((), dtype=out.dtype, device=out.device))
+        return self.to_out[0](out)
+
+
+def _swap_class(module: torch.nn.Module, base: type, replacement: type) -> int:
+    swapped = 0
+    for sub in module.modules():
+        if type(sub) is base:
+            sub.__class__ = replacement
+            swapped += 1
+    if not swapped:
+        raise RuntimeError(f"mutant: no {base.__name__} found in {type(module).__name__} to replace")
+    return swapped
+
+
+def _empty_repeated_blocks(adapter: Any) -> None:
+    adapter.module._repeated_blocks = []
+
+
+def _no_skip(adapter: Any) -> None:
+    adapter.module._apply_refiners = types.MethodType(_apply_refiners_without_skip, adapter.module)
+
+
+def _skip_in_block(adapter: Any) -> None:
+    _no_skip(adapter)
+    _swap_class(adapter.module, dit_model.TransformerBlock, _BlockWithLengthSkip)
+
+
+LLM_ROPE_THETA = 1e6  # the Preview AR backbone's RoPE theta (spec 6.2); the DiT's is 10000
+
+
+def _llm_theta(adapter: Any) -> None:
+    adapter.module.rope_embedder.theta = LLM_ROPE_THETA
+
+
+def _compiled_rotate_half(adapter: Any) -> None:
+    _swap_class(adapter.module, dit_model.Attention, _AttentionWithCompiledRotateHalf)
+
+
+# --- the factories (`--target parity.suites.dit.mutants:<name>`) ----------------------------------------
+
+
+def repeated_blocks_emptied() -> DiTMutantTarget:
+    """`_repeated_blocks = []` (vllm-omni#7455 before the fix): nothing compiles; recompiles must fail."""
+    return DiTMutantTarget("repeated_blocks_emptied", _empty_repeated_blocks)
+
+
+def empty_text_skip_in_block() -> DiTMutantTarget:
+    """The block-level `if sequence_length == 0` short-circuit instead of the refiner skip
+    (vllm-omni#7455): CFG's zero-length stream compiles a new graph; recompiles must fail."""
+    return DiTMutantTarget("empty_text_skip_in_block", _skip_in_block)
+
+
+def context_refiner_on_empty_text() -> DiTMutantTarget:
+    """No empty-text skip: the context refiner runs on 0 tokens and compiles for it; recompiles must fail."""
+    return DiTMutantTarget("context_refiner_on_empty_text", _no_skip)
+
+
+def rope_theta_from_llm() -> DiTMutantTarget:
+    """The DiT's RoPE theta taken from the LLM config (1e6, not 10000); numerics must fail."""
+    return DiTMutantTarget("rope_theta_from_llm", _llm_theta)
+
+
+def compiled_rope_rotate_half() -> DiTMutantTarget:
+    """A compile-only attention path with the rotate-half RoPE layout; numerics and image
+    (compiled vs eager) must fail, eager parity is untouched."""
+    return DiTMutantTarget("compiled_rope_rotate_half", _compiled_rotate_half)
+
+
+MUTANTS = {
+    "repeated_blocks_emptied": repeated_blocks_emptied,
+    "empty_text_skip_in_block": empty_text_skip_in_block,
+    "context_refiner_on_empty_text": context_refiner_on_empty_text,
+    "rope_theta_from_llm": rope_theta_from_llm,
+    "compiled_rope_rotate_half": compiled_rope_rotate_half,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Catalogue entries: DiT regional compile (vllm-omni#7455) and DiT numerics
+# ---------------------------------------------------------------------------------------------
+
+external(
+    "dit-repeated-blocks-emptied",
+    defect="_repeated_blocks = []: regional compile compiles nothing and runs eager (vllm-omni#7455)",
+    suite="recompiles",
+    tests=("parity/suites/dit/test_recompiles.py",),
+    target="parity.suites.dit.mutants:repeated_blocks_emptied",
+)
+external(
+    "dit-empty-text-skip-in-block",
+    defect="the empty-text skip as a block-level `if sequence_length == 0`: CFG's zero-length stream compiles a new graph",
+    suite="recompiles",
+    tests=("parity/suites/dit/test_recompiles.py",),
+    target="parity.suites.dit.mutants:empty_text_skip_in_block",
+)
+external(
+    "dit-context-refiner-on-empty-text",
+    defect="no empty-text skip: the context refiner runs on 0 tokens and compiles for them",
+    suite="recompiles",
+    tests=("parity/suites/dit/test_recompiles.py",),
+    target="parity.suites.dit.mutants:context_refiner_on_empty_text",
+)
+external(
+    "dit-rope-theta-from-llm",
+    defect="the DiT RoPE built with the LLM's theta (1e6) instead of 10000",
+    suite="numerics",
+    tests=("parity/suites/dit/test_numerics.py", "-k", "reference"),
+    target="parity.suites.dit.mutants:rope_theta_from_llm",
+)
+external(
+    "dit-compiled-rope-rotate-half",
+    defect="a compile-only attention path applying RoPE in the rotate-half layout (eager untouched)",
+    suite="numerics",
+    tests=("parity/suites/dit/test_numerics.py", "-k", "compiled"),
+    target="parity.suites.dit.mutants:compiled_rope_rotate_half",
+)

@@ -1,0 +1,384 @@
+"""What the DiT suites share: the case file, the models under test and the truth, and inputs.
+
+`cases/dit.toml` is loaded here at import time (a malformed file is one collection error naming
+file, table, key). The session fixture `dit_models` builds, for `--size`:
+
+* tiny (CPU lane): a random checkpoint directory written by
+  `reference_models.checkpoints.make_checkpoint("dit", "tiny", seed, dir)`, loaded by the target
+  (`target.load_dit`) and by the reference (`ReferenceDiT.load`), both in the run's dtype;
+* full (GPU lane): `random_state_dict(full_config(), seed, device, dtype)` in memory, handed to
+  `target.build_dit` and `ReferenceDiT.build` (the same tensors, no copy).
+
+In a half-precision run an fp64 golden (the reference in fp64, same weights: they are bf16-exact)
+is built as well; the reference in the target's dtype is then the eager noise the noise-floor
+rule measures against. Suites never import `serving_models`: the target comes from `--target`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+import torch
+from torch import nn
+
+from parity.cases import Table, load_case_file
+from parity.compare import Tolerance
+from parity.observe.compile_ledger import CompileLedger
+from parity.observe.regional import compile_repeated_blocks
+from reference_models.checkpoints import make_checkpoint
+from reference_models.dit.adapter import ReferenceDiT
+from reference_models.dit.checkpoint import random_state_dict
+from reference_models.dit.config import DiTConfig, config_for_size
+from reference_models.dit.sampler import text_condition
+
+Size = Literal["tiny", "full"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The case file
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelsCase:
+    checkpoint_seed: int
+    block_class: str  # the repeated block's class name: compiled regionally, its `forward` counted
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupPoint:
+    """A shape that is allowed to compile, with the count it must add and why."""
+
+    height: int
+    width: int
+    text_len: int
+    cfg: bool
+    expected_compiles: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RecompileLattice:
+    backend: str
+    backend_reason: str
+    steps: int
+    guidance_scale: float
+    noise_seed: int
+    text_seed: int
+    sizes: list[tuple[int, int]]
+    text_lengths: list[int]
+    cfg: list[bool]
+    warmup: list[WarmupPoint]
+
+    def __post_init__(self) -> None:
+        if not self.warmup:
+            raise ValueError("a recompile lattice needs at least one warm-up point")
+        if self.guidance_scale <= 1.0:
+            raise ValueError(f"guidance_scale must be > 1 so that cfg = on runs CFG, got {self.guidance_scale}")
+
+
+@dataclasses.dataclass(frozen=True)
+class VelocityCase:
+    name: str
+    size: Size
+    height: int
+    width: int
+    text_lens: list[int]  # one per sample; shorter samples are padded (mask false) to the longest
+    timestep: float
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockCase:
+    name: str
+    size: Size
+    height: int
+    width: int
+    text_len: int
+    timestep: float
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageCase:
+    name: str
+    size: Size
+    height: int
+    width: int
+    text_len: int
+    steps: int
+    guidance_scale: float
+    cfg_range: tuple[float, float]
+    seed: int
+    text_seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageThreshold:
+    """fp32: absolute PSNR / SSIM floors. Half precision: the golden-relative rule."""
+
+    reason: str
+    psnr_min_db: float | None = None
+    ssim_min: float | None = None
+    golden_max_drop_db: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.psnr_min_db is None and self.golden_max_drop_db is None:
+            raise ValueError("set psnr_min_db (absolute) or golden_max_drop_db (relative to an fp64 golden)")
+
+
+CASE_FILE = "dit.toml"
+CASES = load_case_file(
+    CASE_FILE,
+    {
+        "models": Table(ModelsCase, many=False),
+        "recompiles": Table(RecompileLattice, keyed=True),
+        "tolerances": Table(Tolerance, keyed=True),
+        "velocity": Table(VelocityCase),
+        "blocks": Table(BlockCase),
+        "compiled": Table(BlockCase),
+        "image_thresholds": Table(ImageThreshold, keyed=True),
+        "image": Table(ImageCase),
+    },
+)
+
+
+def cases_for(table: str, size: str) -> list[Any]:
+    """The rows of `table` that run on configuration `size`."""
+    return [case for case in CASES[table] if case.size == size]
+
+
+def lattice_for(size: str) -> RecompileLattice:
+    try:
+        return CASES["recompiles"][size]
+    except KeyError:
+        raise LookupError(f"cases/{CASE_FILE}: no [recompiles.{size}] table") from None
+
+
+def tolerance(name: str, dtype: str) -> Tolerance:
+    """`[tolerances.<name>_<dtype>]`, e.g. serving_vs_reference_fp32."""
+    key = f"{name}_{dtype}"
+    try:
+        return CASES["tolerances"][key]
+    except KeyError:
+        known = ", ".join(sorted(CASES["tolerances"]))
+        raise LookupError(f"cases/{CASE_FILE}: no [tolerances.{key}] for dtype {dtype} (have: {known})") from None
+
+
+def image_threshold(dtype: str) -> ImageThreshold:
+    try:
+        return CASES["image_thresholds"][dtype]
+    except KeyError:
+        raise LookupError(f"cases/{CASE_FILE}: no [image_thresholds.{dtype}] for this run's dtype") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclasses.dataclass
+class DiTModels:
+    """The DiT under test and the truth, on the run's device."""
+
+    target: Any  # the target's DiT adapter, in the run's dtype
+    reference: ReferenceDiT  # the truth in the run's dtype (fp32 lane: the comparison itself)
+    golden: ReferenceDiT | None  # the truth in fp64, for half-precision runs only
+    config: DiTConfig
+    size: str
+    dtype: str
+    device: torch.device
+    source: str  # where the weights came from, for report details
+
+    @property
+    def half(self) -> bool:
+        return self.golden is not None
+
+
+def require_dit(target: Any) -> None:
+    missing = [name for name in ("load_dit", "build_dit") if not hasattr(target, name)]
+    if missing:
+        pytest.skip(f"target {target.name!r} has no DiT stage ({', '.join(missing)} missing)")
+
+
+def build_dit_models(target: Any, settings: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
+    """The target's DiT, the reference in the same dtype and (in half precision) the fp64 golden."""
+    device = torch.device(settings.device)
+    dtype = TORCH_DTYPES[settings.dtype]
+    seed = CASES["models"].checkpoint_seed + settings.seed
+    half = dtype in (torch.bfloat16, torch.float16)
+    if settings.size == "tiny":
+        directory = make_checkpoint("dit", "tiny", seed, tmp_path_factory.mktemp("dit-tiny"))
+        adapter = target.load_dit(directory, device, dtype)
+        reference = ReferenceDiT.load(directory, device, dtype)
+        golden = ReferenceDiT.load(directory, device, torch.float64) if half else None
+        config, source = reference.config, f"make_checkpoint('dit', 'tiny', {seed}) at {directory}"
+    else:
+        config = config_for_size(settings.size)
+        state = random_state_dict(config, seed, device, dtype)
+        adapter = target.build_dit(config, state, device, dtype)
+        reference = ReferenceDiT.build(config, state, device, dtype)
+        golden = None
+        if half:
+            golden = ReferenceDiT.build(config, {k: v.double() for k, v in state.items()}, device, torch.float64)
+        source = f"random_state_dict({settings.size}, seed {seed}) on {device}"
+    return DiTModels(adapter, reference, golden, config, settings.size, settings.dtype, device, source)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs (fp32 on the CPU: every adapter casts them to its own device and dtype)
+# ---------------------------------------------------------------------------------------------
+
+
+def seeded_latents(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+
+
+def text_inputs(config: DiTConfig, text_lens: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stand-in LLM states `[B, max(text_lens), D]` and a left-packed mask (sample i: text_lens[i] tokens)."""
+    longest = max(text_lens)
+    states, mask = text_condition(config.text_feat_dim, longest, seed, batch=len(text_lens))
+    for i, length in enumerate(text_lens):
+        mask[i, length:] = False
+    return states, mask
+
+
+def velocity_inputs(
+    config: DiTConfig, height: int, width: int, text_lens: list[int], timestep: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch = len(text_lens)
+    latents = seeded_latents((batch, config.in_channels, height, width), seed)
+    states, mask = text_inputs(config, text_lens, seed + 1000)
+    return latents, torch.full((batch,), timestep, dtype=torch.float32), states, mask
+
+
+def forward(adapter: Any, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The velocity; the fp64 golden gets the same inputs in fp64 (the adapters cast the rest)."""
+    if getattr(adapter, "dtype", None) == torch.float64:
+        inputs = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    return adapter.forward(*inputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Block sites and compile bookkeeping
+# ---------------------------------------------------------------------------------------------
+
+
+def record_block_outputs(adapter: Any) -> tuple[dict[str, list[torch.Tensor]], list[Any]]:
+    """Forward hooks on every `block_sites()` entry: site name -> outputs, one per call."""
+    outputs: dict[str, list[torch.Tensor]] = {name: [] for name, _ in adapter.block_sites()}
+    handles = []
+    for name, block in adapter.block_sites():
+        hook = lambda _module, _args, out, name=name: outputs[name].append(out.detach())  # noqa: E731
+        handles.append(block.register_forward_hook(hook))
+    return outputs, handles
+
+
+def block_codes(model: nn.Module, class_name: str) -> list[Any]:
+    """The `forward` code objects of every submodule whose class is named `class_name`, in order.
+
+    Counting these (and nothing else) is the per-code-object counter of vllm-omni#7455."""
+    codes: dict[Any, None] = {}
+    for module in model.modules():
+        if type(module).__name__ == class_name:
+            codes.setdefault(type(module).forward.__code__, None)
+    return list(codes)
+
+
+def block_class() -> str:
+    return CASES["models"].block_class
+
+
+def count_block_compiles(ledger: CompileLedger, codes: list[Any]) -> int:
+    """Frames compiled for the block's `forward` code objects only, never all frames: library code
+    compiles frames of its own, and an all-frames count passed with regional compile off
+    (vllm-omni#7455). Suites call it through this module so a harness variant can replace it."""
+    return sum(ledger.compiles(code) for code in codes)
+
+
+def short_reason(text: str) -> str:
+    """One line of a Dynamo recompile reason: the guard and its source line, without the stack."""
+    kept = []
+    for line in text.splitlines():
+        if line.strip().startswith("User stack trace"):
+            break
+        kept.append(line.strip())
+    reason = " ".join(part for part in kept if part)
+    return re.sub(r"\s+", " ", reason)
+
+
+def image_path(run_dir: Path, case: str, variant: str) -> Path:
+    """`<run_dir>/images/<case>/<variant>.png` (SUITES.md)."""
+    return run_dir / "images" / case / f"{variant}.png"
+
+
+# ---------------------------------------------------------------------------------------------
+# Regional compile for the compiled-vs-eager checks (numerics, image)
+# ---------------------------------------------------------------------------------------------
+
+# The compiled-vs-eager checks exist for Inductor: its fused kernels (FMAs, reordered reductions)
+# are what can move the numbers; a cheaper backend would compare eager with eager.
+COMPARE_BACKEND = "inductor"
+
+
+def record_regional(report: Any, regional: Any, backend: str) -> bool:
+    """The `regional_modules_compiled` gate row (>= 1); True when something was compiled."""
+    (row,) = regional.rows()
+    report.record(
+        case="dit-regional-compile",
+        metric="regional_modules_compiled",
+        value=regional.count,
+        threshold=1,
+        verdict=row["verdict"],
+        detail=f"{row['detail']}; fullgraph=True dynamic=True backend={backend}",
+        better="higher",
+    )
+    return regional.count >= 1
+
+
+@contextlib.contextmanager
+def compiled_for_comparison(report: Any, adapter: Any) -> Iterator[None]:
+    """Inside: the target's repeated blocks regionally compiled with Inductor (fullgraph, dynamic).
+
+    Writes the `regional_modules_compiled` row on entry and the `block_compiles` row on exit, and
+    puts the eager forwards back whatever happens."""
+    block = block_class()
+    codes = block_codes(adapter.module, block)
+    with CompileLedger() as ledger:
+        regional = compile_repeated_blocks(
+            adapter.module, dynamic=True, fullgraph=True, backend=COMPARE_BACKEND, ledger=ledger
+        )
+        try:
+            record_regional(report, regional, COMPARE_BACKEND)
+            yield
+        finally:
+            regional.restore()
+    record_block_compiles(report, ledger, codes, f"{block}.forward")
+
+
+def record_block_compiles(report: Any, ledger: CompileLedger, codes: list[Any], site: str) -> None:
+    """Gate: the block's `forward` compiled at least once and its calls went through the compiled
+    code, so a compiled-vs-eager comparison is not eager against eager (vllm-omni#7455)."""
+    compiles = count_block_compiles(ledger, codes)
+    calls = sum(ledger.calls(code) for code in codes)
+    fallbacks = [fb for fb in ledger.eager_fallbacks() if fb.code in codes]
+    ok = compiles >= 1 and calls >= 1 and not fallbacks
+    report.record(
+        case="dit-regional-compile",
+        site=site,
+        metric="block_compiles",
+        value=compiles,
+        threshold=1,
+        verdict="pass" if ok else "fail",
+        detail=f"{compiles} compiles of {site}, {calls} calls through the compiled forward, "
+        f"{len(fallbacks)} recompile-limit fallbacks to eager (all frames compiled: {ledger.compiles()})",
+        better="higher",
+    )

@@ -1,0 +1,187 @@
+"""Image: the whole DiT stage (sampling loop with CFG, then the decoder), same seed, compared as
+delivered uint8 RGB images with PSNR and SSIM (data_range 255, SSIM over RGB with channel_axis=-1).
+
+Pairs: serving eager vs reference (`mode` eager), serving compiled (regional compile, Inductor)
+vs serving eager (`mode` compiled). fp32 (CPU lane): absolute PSNR / SSIM floors from
+`cases/dit.toml`. Half precision (GPU lane): each candidate is judged by its distance from the
+fp64 golden image relative to its comparison image's (`golden_max_drop_db`), the pairwise PSNR and
+SSIM recorded beside it.
+
+Every image is written to `<run_dir>/images/<case>/<variant>.png` (variants `reference`,
+`serving_eager`, `serving_compiled`, and `golden` in half-precision runs); the relative paths are
+in the rows' detail.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from parity.compare import FAIL, MEASURED, PASS
+from parity.compare.images import psnr, ssim, write_png
+from parity.suites.conftest import require_graph_support
+from parity.suites.dit.support import (
+    DiTModels,
+    ImageCase,
+    ImageThreshold,
+    cases_for,
+    compiled_for_comparison,
+    image_path,
+    image_threshold,
+    text_inputs,
+)
+
+pytestmark = pytest.mark.suite("image")
+
+DATA_RANGE = 255.0  # delivered uint8 images (practice.md section 6: declare it, record it)
+
+
+def generate(adapter: Any, models: DiTModels, case: ImageCase, seed_offset: int) -> np.ndarray:
+    """One image `[H, W, 3]` uint8 from the adapter's own pipeline (sample with CFG, then decode)."""
+    states, mask = text_inputs(models.config, [case.text_len], case.text_seed + seed_offset)
+    latents = adapter.sample(
+        states, mask, case.height, case.width, case.steps, case.guidance_scale, case.cfg_range, case.seed + seed_offset
+    )
+    images = adapter.decode(latents)
+    image = images[0].detach().cpu().numpy()
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:
+        got = f"{image.dtype} {tuple(images.shape)}"
+        raise TypeError(f"{adapter.name}: decode must return uint8 [B, H, W, 3], got {got}")
+    return image
+
+
+def save(run_dir: Path, case: ImageCase, variant: str, image: np.ndarray) -> str:
+    """Write the PNG (through a temporary file and a rename: both image tests write
+    `serving_eager.png`, possibly from two xdist workers) and return its path relative to the run."""
+    path = image_path(run_dir, case.name, variant)
+    partial = write_png(image, path.with_name(f"{path.stem}.{os.getpid()}.partial.png"))
+    os.replace(partial, path)
+    return str(path.relative_to(run_dir))
+
+
+class GoldenImages:
+    """fp64 golden images of a session, generated once per case (half-precision runs only)."""
+
+    def __init__(self) -> None:
+        self.images: dict[tuple[str, int], np.ndarray] = {}
+
+    def get(self, models: DiTModels, case: ImageCase, seed_offset: int, run_dir: Path) -> tuple[np.ndarray, str] | None:
+        if not models.half:
+            return None
+        key = (case.name, seed_offset)
+        if key not in self.images:
+            self.images[key] = generate(models.golden, models, case, seed_offset)
+        image = self.images[key]
+        return image, save(run_dir, case, "golden", image)
+
+
+@pytest.fixture(scope="session")
+def golden_images() -> GoldenImages:
+    return GoldenImages()
+
+
+def judge_pair(
+    report: Any,
+    threshold: ImageThreshold,
+    comparison: tuple[str, np.ndarray, str],
+    candidate: tuple[str, np.ndarray, str],
+    golden: tuple[np.ndarray, str] | None,
+    **where: Any,
+) -> None:
+    """Rows for one (comparison, candidate) pair: `psnr` and `ssim` (pairwise), plus
+    `psnr_vs_golden` in half precision. Arguments are (variant, image, relative path)."""
+    comp_name, comp_image, comp_path = comparison
+    cand_name, cand_image, cand_path = candidate
+    p = psnr(comp_image, cand_image, data_range=DATA_RANGE)
+    s = ssim(comp_image, cand_image, data_range=DATA_RANGE)
+    levels = int(np.abs(comp_image.astype(np.int16) - cand_image.astype(np.int16)).max())
+    pair = (
+        f"{cand_name} vs {comp_name}: {cand_path} vs {comp_path}; data_range={p.data_range:g}; "
+        f"identical={p.identical}; max diff {levels} levels"
+    )
+    gate = golden is None  # fp32: the pairwise numbers are the gates
+    if gate and threshold.psnr_min_db is not None:
+        ok = p.value >= threshold.psnr_min_db
+        report.record(metric="psnr", value=p.value, threshold=threshold.psnr_min_db, verdict=PASS if ok else FAIL,
+                      detail=f"{pair}; {threshold.reason}", better="higher", **where)
+    else:
+        report.info(metric="psnr", value=p.value, detail=pair, better="higher", **where)
+    if gate and threshold.ssim_min is not None:
+        ok = s.value >= threshold.ssim_min
+        report.record(metric="ssim", value=s.value, threshold=threshold.ssim_min, verdict=PASS if ok else FAIL,
+                      detail=f"{pair}; SSIM Gaussian sigma 1.5 over RGB (channel_axis=-1)", better="higher", **where)
+    else:
+        detail = f"{pair}; SSIM over RGB (channel_axis=-1)"
+        report.info(metric="ssim", value=s.value, detail=detail, better="higher", **where)
+    if golden is None:
+        return
+    golden_image, golden_path = golden
+    if threshold.golden_max_drop_db is None:
+        raise LookupError("a half-precision image check needs golden_max_drop_db in its [image_thresholds] table")
+    floor = psnr(golden_image, comp_image, data_range=DATA_RANGE).value
+    cand = psnr(golden_image, cand_image, data_range=DATA_RANGE).value
+    bound = floor - threshold.golden_max_drop_db
+    report.record(
+        metric="psnr_vs_golden",
+        value=cand,
+        threshold=bound,
+        verdict=PASS if cand >= bound else FAIL,
+        detail=f"PSNR({golden_path}, {cand_path}) = {cand:.2f} dB; PSNR({golden_path}, {comp_path}) = {floor:.2f} dB "
+        f"minus {threshold.golden_max_drop_db:g} dB; data_range={DATA_RANGE:g}; {threshold.reason}",
+        better="higher",
+        bound=MEASURED,  # the comparison image's PSNR against the golden, measured in this run
+        **where,
+    )
+
+
+def test_serving_images_match_reference(dit_models: DiTModels, report, settings, run_dir, golden_images) -> None:
+    models = dit_models
+    threshold = image_threshold(models.dtype)
+    cases = cases_for("image", models.size)
+    assert cases, f"no [[image]] cases for size {models.size}"
+    for case in cases:
+        reference = generate(models.reference, models, case, settings.seed)
+        serving = generate(models.target, models, case, settings.seed)
+        golden = golden_images.get(models, case, settings.seed, run_dir)
+        judge_pair(
+            report,
+            threshold,
+            ("reference", reference, save(run_dir, case, "reference", reference)),
+            ("serving_eager", serving, save(run_dir, case, "serving_eager", serving)),
+            golden,
+            case=case.name,
+            mode="eager",
+            seed=case.seed + settings.seed,
+        )
+
+
+def test_compiled_images_match_eager(dit_models: DiTModels, report, settings, run_dir, golden_images) -> None:
+    """The whole sampling loop through regionally compiled blocks (Inductor), one compile for all cases."""
+    models = dit_models
+    adapter = models.target
+    require_graph_support(adapter, "compiled")
+    threshold = image_threshold(models.dtype)
+    cases = cases_for("image", models.size)
+    assert cases, f"no [[image]] cases for size {models.size}"
+    report.mode = "compiled"
+    report.seed = settings.seed
+    eager = {case.name: generate(adapter, models, case, settings.seed) for case in cases}
+    goldens = {case.name: golden_images.get(models, case, settings.seed, run_dir) for case in cases}
+
+    with compiled_for_comparison(report, adapter):
+        for case in cases:
+            compiled = generate(adapter, models, case, settings.seed)
+            judge_pair(
+                report,
+                threshold,
+                ("serving_eager", eager[case.name], save(run_dir, case, "serving_eager", eager[case.name])),
+                ("serving_compiled", compiled, save(run_dir, case, "serving_compiled", compiled)),
+                goldens[case.name],
+                case=case.name,
+                mode="compiled",
+                seed=case.seed + settings.seed,
+            )

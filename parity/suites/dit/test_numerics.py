@@ -1,0 +1,149 @@
+"""Numerics, DiT rows: the target's velocity and block outputs against the reference, and the
+regionally compiled (Inductor) velocity against the eager one.
+
+fp32 (CPU lane): allclose against the fp32 reference, tolerances from `cases/dit.toml` with their
+reasons. Half precision (GPU lane): the noise-floor rule against an fp64 golden, the reference in
+the target's dtype as the eager noise (`parity.compare.noise_floor_rule`).
+
+Rows: `case` from the case file (`dit-velocity-...`, `dit-blocks-...`, `dit-compiled-...`), `site`
+`velocity` or `block.<site>` (`block.context_refiner.0`, ... in execution order), `mode` eager
+(serving vs reference) or compiled (compiled vs eager). Gate metric `max_abs` (fp32) or
+`rmse_vs_golden` (half), with `mean_abs`, `rel_l2`, `cosine`, `max_ulp` info rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from parity.compare import Tolerance, Verdict, diff, noise_floor_rule
+from parity.suites.conftest import require_graph_support
+from parity.suites.dit.support import (
+    DiTModels,
+    cases_for,
+    compiled_for_comparison,
+    forward,
+    record_block_outputs,
+    tolerance,
+    velocity_inputs,
+)
+
+pytestmark = pytest.mark.suite("numerics")
+
+INFO_METRICS = ("mean_abs", "rel_l2", "cosine", "max_ulp")
+
+
+def judge(
+    report: Any,
+    eager: torch.Tensor,
+    candidate: torch.Tensor,
+    golden: torch.Tensor | None,
+    tol: Tolerance,
+    *,
+    name: str,
+    **where: Any,
+) -> Verdict:
+    """fp32: allclose(eager, candidate). Half: the noise floor of `candidate` against the fp64
+    `golden`, relative to `eager`'s error. One gate row plus the diff's info rows."""
+    if golden is None:
+        return report.diff(diff(eager, candidate, tol, name=name), **where)
+    verdict, _ = noise_floor_rule(golden, eager, candidate, tol, name=name)
+    verdict = report.verdict(verdict, **where)
+    measured = diff(golden, candidate, tol, name=f"{name} vs fp64 golden")
+    for metric in ("max_abs", *INFO_METRICS):
+        better = "higher" if metric == "cosine" else "lower"
+        report.info(metric=metric, value=getattr(measured, metric), detail=measured.name, better=better, **where)
+    return verdict
+
+
+def _magnitude(report: Any, tensor: torch.Tensor, **where: Any) -> None:
+    """|v| of the truth beside the diff: parity of near-zero outputs would be vacuous (spec 6.1)."""
+    t = tensor.detach().double()
+    rms, peak = float(t.pow(2).mean().sqrt()), float(t.abs().max())
+    report.info(metric="ref_rms", value=rms, detail=f"max |ref| {peak:.4g}", **where)
+
+
+def test_velocity_matches_reference(dit_models: DiTModels, report, settings) -> None:
+    models = dit_models
+    tol = tolerance("serving_vs_reference", models.dtype)
+    cases = cases_for("velocity", models.size)
+    assert cases, f"no [[velocity]] cases for size {models.size}"
+    for case in cases:
+        seed = case.seed + settings.seed
+        inputs = velocity_inputs(models.config, case.height, case.width, case.text_lens, case.timestep, seed)
+        expected = forward(models.reference, inputs)
+        got = forward(models.target, inputs)
+        golden = forward(models.golden, inputs) if models.half else None
+        where = dict(case=case.name, site="velocity", mode="eager", seed=seed)
+        judge(report, expected, got, golden, tol, name=f"velocity {tuple(got.shape)}", **where)
+        _magnitude(report, golden if golden is not None else expected, **where)
+
+
+def _block_outputs(adapter: Any, inputs: tuple[torch.Tensor, ...]) -> dict[str, list[torch.Tensor]]:
+    outputs, handles = record_block_outputs(adapter)
+    try:
+        forward(adapter, inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    # A block run on zero tokens (the reference's context refiner on empty text) has nothing to
+    # compare; the target may skip it instead (the empty-text skip).
+    return {name: [out for out in outs if out.numel()] for name, outs in outputs.items()}
+
+
+def test_blocks_match_reference(dit_models: DiTModels, report, settings) -> None:
+    models = dit_models
+    tol = tolerance("blocks", models.dtype)
+    cases = cases_for("blocks", models.size)
+    assert cases, f"no [[blocks]] cases for size {models.size}"
+    for case in cases:
+        seed = case.seed + settings.seed
+        inputs = velocity_inputs(models.config, case.height, case.width, [case.text_len], case.timestep, seed)
+        expected = _block_outputs(models.reference, inputs)
+        got = _block_outputs(models.target, inputs)
+        golden = _block_outputs(models.golden, inputs) if models.half else None
+        for name, _ in models.reference.block_sites():
+            where = dict(case=case.name, site=f"block.{name}", mode="eager", seed=seed)
+            ref_calls, cand_calls = expected[name], got.get(name)
+            if cand_calls is None or len(cand_calls) != len(ref_calls):
+                found = "no such site" if cand_calls is None else f"{len(cand_calls)} non-empty calls"
+                report.record(
+                    metric="calls",
+                    value=None if cand_calls is None else len(cand_calls),
+                    threshold=len(ref_calls),
+                    verdict="fail",
+                    detail=f"{name}: the reference ran it {len(ref_calls)} times on non-empty input, "
+                    f"the target: {found}",
+                    **where,
+                )
+                continue
+            for i, (ref_out, cand_out) in enumerate(zip(ref_calls, cand_calls)):
+                gold = golden[name][i] if golden is not None else None
+                judge(report, ref_out, cand_out, gold, tol, name=f"{name} {tuple(cand_out.shape)}", **where)
+
+
+def test_compiled_velocity_matches_eager(dit_models: DiTModels, report, settings) -> None:
+    """Regional compile with Inductor (fullgraph, dynamic), one compile for all cases of the size;
+    eager outputs (and goldens) are taken first, on the same module."""
+    models = dit_models
+    adapter = models.target
+    require_graph_support(adapter, "compiled")
+    tol = tolerance("compiled_vs_eager", models.dtype)
+    cases = cases_for("compiled", models.size)
+    assert cases, f"no [[compiled]] cases for size {models.size}"
+    report.mode = "compiled"
+    report.seed = settings.seed
+    prepared = []
+    for case in cases:
+        seed = case.seed + settings.seed
+        inputs = velocity_inputs(models.config, case.height, case.width, [case.text_len], case.timestep, seed)
+        golden = forward(models.golden, inputs) if models.half else None
+        prepared.append((case, seed, inputs, forward(adapter, inputs), golden))
+
+    with compiled_for_comparison(report, adapter):
+        for case, seed, inputs, eager, golden in prepared:
+            compiled = forward(adapter, inputs)
+            where = dict(case=case.name, site="velocity", mode="compiled", seed=seed)
+            judge(report, eager, compiled, golden, tol, name=f"compiled velocity {tuple(compiled.shape)}", **where)

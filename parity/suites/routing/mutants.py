@@ -1,0 +1,90 @@
+"""Known-bad routers for the `routing` suite (the sensitivity catalogue, routing family).
+
+Each factory takes no argument, applies one run-time change to `serving_models.routing.router` by
+monkeypatching one of its named behaviours, and returns the serving target: run the suite with
+`--target parity.suites.routing.mutants:<factory>`. The patch lives in the process that calls the factory
+(the pytest process, and each spawned rank of the rank- cases, which loads the target again from
+the same spec); shipped code is never edited. `tests/test_suites_routing.py` shows each one turns
+the suite red and the unpatched target keeps it green.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from parity.suites.sensitivity.catalogue import external
+from serving_models.routing import router as routing
+from serving_models.target import ServingTarget, make_target
+
+_ORIGINALS: dict[str, Callable[..., Any]] = {}
+
+
+def _patch(name: str, replacement: Callable[..., Any]) -> None:
+    """Replace `serving_models.routing.router.<name>` in this process (the first original is kept)."""
+    _ORIGINALS.setdefault(name, getattr(routing, name))
+    setattr(routing, name, replacement)
+
+
+def serving_ignores_valid_rows() -> ServingTarget:
+    """Router ignores `num_valid_rows`: pad rows are routed to real experts (vllm#50757, Megatron-LM#5841); pad- and rank- must fail."""
+    original = _ORIGINALS.get("select_experts", routing.select_experts)
+
+    def select_experts(logits: torch.Tensor, k: int, *, num_valid_rows: torch.Tensor | None = None, **options: Any):
+        return original(logits, k, **options)
+
+    _patch("select_experts", select_experts)
+    return make_target()
+
+
+def serving_ties_to_highest_id() -> ServingTarget:
+    """Equal keys rank the higher expert id first (AITER Triton routing's packed key, moe_routing.md §7); tie- and bf16 grid- must fail."""
+
+    def highest_id_first(keys: torch.Tensor) -> torch.Tensor:
+        canonical = torch.where(keys == 0, torch.zeros_like(keys), keys)
+        bits = canonical.contiguous().view(torch.int32)
+        ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+        return ordered * (1 << 32) + torch.arange(keys.shape[-1], device=keys.device, dtype=torch.int64)
+
+    _patch("tie_break_order_key", highest_id_first)
+    return make_target()
+
+
+def serving_count_on_host() -> ServingTarget:
+    """The valid-row count is read on the host (`int(n)`): eager is right, a capture fails or replays a stale count (ROCm/ATOM#2725 follow-up); replay- must fail."""
+
+    def host_count(num_valid_rows: torch.Tensor, num_rows: int) -> torch.Tensor:
+        count = min(max(int(num_valid_rows.reshape(-1)[0]), 0), num_rows)
+        return torch.full((1,), count, dtype=torch.int64, device=num_valid_rows.device)
+
+    _patch("valid_row_count", host_count)
+    return make_target()
+
+
+# ---------------------------------------------------------------------------------------------
+# Catalogue entries: MoE routing (ROCm/ATOM#2725, aiter#6916)
+# ---------------------------------------------------------------------------------------------
+
+external(
+    "router-ignores-num-valid-rows",
+    defect="the router ignores num_valid_rows: pad rows are dispatched to real experts (vllm#50757)",
+    suite="routing",
+    tests=("parity/suites/routing/test_edges.py", "-k", "pad-"),
+    target="parity.suites.routing.mutants:serving_ignores_valid_rows",
+)
+external(
+    "router-ties-to-highest-id",
+    defect="ties broken toward the highest expert id (AITER Triton routing's packed key)",
+    suite="routing",
+    tests=("parity/suites/routing/test_edges.py", "-k", "tie-"),
+    target="parity.suites.routing.mutants:serving_ties_to_highest_id",
+)
+external(
+    "router-reads-count-on-host",
+    defect="the router reads the valid-row count on the host: capture fails, or a replay keeps the captured count",
+    suite="routing",
+    tests=("parity/suites/routing/test_invariance.py", "-k", "replay"),
+    target="parity.suites.routing.mutants:serving_count_on_host",
+)

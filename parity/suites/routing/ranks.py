@@ -1,0 +1,218 @@
+"""The `rank-` family of the `routing` suite: route on the rank that owns the rows, then gather.
+
+The parent spawns `WORLD_SIZE` processes (gloo on CPU tensors, or NCCL on two GPUs with NVLink
+multicast off); each loads the target again from the `--target` spec (a mutant factory patches its
+own process) and runs every rank- case through the router adapter's `route_then_gather` and
+`gather_then_route`, saving the gathered tensors. The parent builds the truth from the reference
+(each rank's rows routed with its own count, laid out rank-major at `capacity` rows a rank) and
+writes the rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from parity.compare import ERROR, FAIL, PASS
+from reference_models.routing import router as reference
+from parity.suites.routing.cases import CASES, KINDS, TOL_EXACT, TOL_WEIGHTS, RankCase, RankSpec
+from parity.suites.routing.support import (
+    Row,
+    count_tensor,
+    fill_pad_rows,
+    generator,
+    ids_row,
+    make_bias,
+    routing_options,
+    rows_text,
+    weights_row,
+)
+
+
+
+WORLD_SIZE = 2
+GATHERED_FIELDS = ("hidden", "weights", "ids", "counts")
+# NVLink multicast must stay off on the lent machines (NCCL NVLS, symmetric-memory multicast).
+CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RankJob:
+    """What a spawned rank needs: the target spec (loaded again in the child), where to meet, where to write."""
+
+    target: str
+    backend: Literal["gloo", "nccl"]
+    init_file: str
+    out_dir: str
+    seed: int
+    timeout_s: float
+
+
+def rank_case_names() -> list[tuple[RankCase, str]]:
+    return [(case, kind) for case in CASES["rank_case"] for kind in CASES["rank"].kinds]
+
+
+def rank_case_name(case: RankCase, kind: str) -> str:
+    return f"rank-{kind}-{case.name}"
+
+
+def rank_inputs(case: RankCase, kind_name: str, rank: int, device: torch.device, seed: int) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, Any]]:
+    """This rank's hidden rows, logits (every third row integer-valued; rows past the count NaN),
+    its count and the routing options: the same on every process for the same arguments."""
+    spec: RankSpec = CASES["rank"]
+    kind = KINDS[kind_name]
+    rows, count = case.rows[rank], case.counts[rank]
+    gen = generator(seed, rank, rows, count + 10)
+    hidden = torch.randn(rows, spec.hidden, generator=gen)
+    logits = 2.0 * torch.randn(rows, spec.experts, generator=gen)
+    logits[::3] = logits[::3].round()
+    fill_pad_rows(logits, min(max(count, 0), rows), "nan", gen)
+    options = routing_options(kind, spec.experts, spec.k, spec.renormalize, make_bias(kind, spec.experts, seed, device))
+    return hidden.to(device), logits.to(device), count, options
+
+
+def _to_cpu(gathered: Any) -> dict[str, torch.Tensor]:
+    return {field: getattr(gathered, field).detach().cpu() for field in GATHERED_FIELDS}
+
+
+def rank_worker(rank: int, job: RankJob) -> None:
+    """One rank: route every rank- case both ways through the target's adapter, save to out_dir."""
+    from parity.target import load_target
+
+    torch.set_num_threads(1)
+    device = torch.device("cuda", rank) if job.backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        job.backend, init_method=f"file://{job.init_file}", rank=rank, world_size=WORLD_SIZE,
+        timeout=datetime.timedelta(seconds=job.timeout_s),
+    )
+    results: dict[str, Any] = {}
+    try:
+        router = load_target(job.target).router()
+        spec: RankSpec = CASES["rank"]
+        for case, kind in rank_case_names():
+            hidden, logits, count, options = rank_inputs(case, kind, rank, device, job.seed)
+            try:
+                both = {}
+                for path in ("route_then_gather", "gather_then_route"):
+                    gathered = getattr(router, path)(hidden, logits, count_tensor(count, device), spec.k, capacity=spec.capacity, **options)
+                    both[path] = _to_cpu(gathered)
+                results[rank_case_name(case, kind)] = both
+            except Exception as error:  # recorded per case; a failed collective ends the loop
+                results[rank_case_name(case, kind)] = {"error": f"rank {rank}: {type(error).__name__}: {error}"}
+                break
+    finally:
+        torch.save(results, Path(job.out_dir) / f"rank{rank}.pt")
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for processes started inside (spawned children copy os.environ)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def choose_backend(device: torch.device) -> tuple[Literal["gloo", "nccl"], str]:
+    """NCCL on CUDA with >= 2 GPUs; gloo on CPU tensors otherwise (and say why)."""
+    if device.type == "cuda":
+        gpus = torch.cuda.device_count()
+        if gpus >= WORLD_SIZE:
+            return "nccl", f"nccl on cuda:0, cuda:1 ({gpus} GPUs; NVLS and symmetric-memory multicast off)"
+        return "gloo", f"gloo on CPU tensors: {gpus} CUDA device(s), NCCL needs {WORLD_SIZE}"
+    return "gloo", "gloo on CPU tensors"
+
+
+def run_ranks(job: RankJob) -> dict[int, dict[str, Any]]:
+    """Spawn the ranks, wait (at most job.timeout_s + 30 s), return each rank's saved results."""
+    with _environment(CHILD_ENV):
+        context = mp.start_processes(rank_worker, args=(job,), nprocs=WORLD_SIZE, join=False, start_method="spawn")
+    deadline = time.monotonic() + job.timeout_s + 30.0
+    while not context.join(timeout=0.5):
+        if time.monotonic() > deadline:
+            for process in context.processes:  # only the processes started above
+                if process.is_alive():
+                    process.terminate()
+            raise TimeoutError(f"rank workers did not finish within {job.timeout_s + 30.0:.0f} s ({job.backend})")
+    return {rank: torch.load(Path(job.out_dir) / f"rank{rank}.pt") for rank in range(WORLD_SIZE)}
+
+
+def expected_gather(case: RankCase, kind: str, seed: int) -> dict[str, torch.Tensor]:
+    """The truth: each rank's rows routed by the reference with its own count, laid out rank-major
+    at `capacity` rows a rank, pad rows -1 / 0; plus which gathered rows are real."""
+    spec: RankSpec = CASES["rank"]
+    blocks = {"hidden": [], "weights": [], "ids": [], "real": []}
+    counts = []
+    for rank in range(WORLD_SIZE):
+        hidden, logits, count, options = rank_inputs(case, kind, rank, torch.device("cpu"), seed)
+        real = min(max(count, 0), logits.shape[0])
+        routed = reference.select_experts(logits, spec.k, num_valid_rows=count, **options)
+        pad = spec.capacity - logits.shape[0]
+        width = routed.ids.shape[1]
+        blocks["hidden"].append(torch.cat([hidden, torch.zeros(pad, spec.hidden)]))
+        blocks["weights"].append(torch.cat([routed.weights, torch.zeros(pad, width)]))
+        blocks["ids"].append(torch.cat([routed.ids, torch.full((pad, width), -1, dtype=torch.int32)]))
+        blocks["real"].append(torch.arange(spec.capacity) < real)
+        counts.append(real)
+    expected = {key: torch.cat(parts) for key, parts in blocks.items()}
+    expected["counts"] = torch.tensor(counts, dtype=torch.int64)
+    return expected
+
+
+def rank_rows(case: RankCase, kind: str, results: dict[int, dict[str, Any]], seed: int, backend_note: str) -> list[Row]:
+    """route_then_gather == gather_then_route bit for bit; both equal the per-rank reference laid
+    out rank-major; rows stay aligned with their ids; counts gathered; both ranks agree."""
+    name = rank_case_name(case, kind)
+    errors = [results[rank].get(name, {}).get("error") for rank in range(WORLD_SIZE)]
+    missing = [rank for rank in range(WORLD_SIZE) if name not in results[rank]]
+    if any(errors) or missing:
+        text = "; ".join(e for e in errors if e) or f"ranks {missing} produced no result (an earlier case failed)"
+        return [Row(name, "rank_run", None, ERROR, None, f"{text} [{backend_note}]")]
+    expected = expected_gather(case, kind, seed)
+    real = expected["real"]
+    mine = results[0][name]
+    rows = []
+    note = f"[{backend_note}]"
+
+    disagree = [f"{path}.{field}" for path in mine for field in GATHERED_FIELDS
+                if not torch.equal(mine[path][field], results[1][name][path][field])]
+    rows.append(Row(name, "ranks_disagree", len(disagree), FAIL if disagree else PASS, 0,
+                    f"rank 0 vs rank 1 gathered tensors: {', '.join(disagree) or 'identical'} {note}"))
+    before, after = mine["route_then_gather"], mine["gather_then_route"]
+    rows.append(ids_row(name, before["ids"], after["ids"], site="gather_then_route", what="route_then_gather result"))
+    rows.append(weights_row(name, before["weights"], after["weights"], TOL_EXACT, site="gather_then_route", note=note))
+    rows.append(ids_row(name, expected["ids"], before["ids"], site="reference", what="reference routed per rank"))
+    rows.append(weights_row(name, expected["weights"], before["weights"], TOL_WEIGHTS, site="reference", note=note))
+    for path, got in (("route_then_gather", before), ("gather_then_route", after)):
+        shape_ok = got["hidden"].shape == expected["hidden"].shape
+        misaligned = (got["hidden"][real] != expected["hidden"][real]).any(dim=1).nonzero().flatten() if shape_ok else torch.arange(int(real.sum()))
+        rows.append(Row(name, "rows_misaligned", int(misaligned.numel()), FAIL if misaligned.numel() else PASS, 0,
+                        f"real gathered rows whose hidden state is not the owner's row: {rows_text(misaligned) or 'none'} {note}", path))
+        counts_ok = torch.equal(got["counts"].to(torch.int64).reshape(-1), expected["counts"])
+        rows.append(Row(name, "counts_mismatch", 0 if counts_ok else 1, PASS if counts_ok else FAIL, 0,
+                        f"gathered counts {got['counts'].tolist()} vs clamp(n_valid, 0, rows) {expected['counts'].tolist()} {note}", path))
+    return rows
+
+
+def missing_members(router: Any, members: Sequence[str]) -> list[str]:
+    """Adapter members a router lacks (the rank- cases need the optional distributed entry points)."""
+    return [member for member in members if not callable(getattr(router, member, None))]

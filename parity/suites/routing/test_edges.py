@@ -1,0 +1,32 @@
+"""Routing suite, edge rows: exact ties (`tie-`), candidates (`nan-`: NaN, ±inf, fewer than k
+finite logits, group masks) and pad rows past the device-side valid-row count (`pad-`).
+
+tie- / nan-: hand-built rows with hand-written expected ids (moe_routing.md R2-R4), on fp32 and
+bf16 logits; the target must give exactly those ids, the reference's ids, weights within §2's
+bound, and keep the output contract. pad-: for counts 0, 1, T-1, T (and T+3, -1, which clamp) with
+garbage or NaN logits in the pad rows, pads are -1 / 0 in every column and real rows equal an
+unpadded run bit for bit (R6, R8).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from parity.suites.routing.cases import CASES, EdgeCase
+from parity.suites.routing.support import PadPoint, edge_cases, edge_rows, pad_points, pad_rows, write_rows
+
+pytestmark = pytest.mark.suite("routing")
+
+EDGES = edge_cases()
+PADS = pad_points()
+
+
+@pytest.mark.parametrize("case,dtype", EDGES, ids=[f"{case.name}-{dtype}" for case, dtype in EDGES])
+def test_edge_rows(case: EdgeCase, dtype: str, report, target, device) -> None:
+    write_rows(report, edge_rows(target.router(), case, dtype, device))
+
+
+@pytest.mark.parametrize("point", PADS, ids=[point.name(CASES["pad"].rows) for point in PADS])
+def test_pad_rows(point: PadPoint, report, target, device, settings) -> None:
+    seed = CASES["pad"].seed + settings.seed
+    write_rows(report, pad_rows(target.router(), point, device, seed), seed=seed)

@@ -1,0 +1,29 @@
+"""Routing suite, random sweep (`grid-` cases): the target's router against the reference.
+
+512 points: E {8, 40, 64, 256} x k {1, 2, 4, 8} x T {1, 7, 64, 513} x fp32 / bf16 logits x
+renormalize on / off x softmax (§2) / grouped sigmoid with a negative correction bias (§3). Per
+point: the output contract, ids (fp32: equal to the reference's; bf16: every differing decision
+audited by its margin, practice.md §2), weights within §2's bound of the reference where the ids
+agree, and the noise-floor rule against the reference's fp64 golden weights. Parameters and
+tolerances: `cases/routing.toml`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from parity.suites.routing.cases import CASES
+from parity.suites.routing.support import GridPoint, grid_points, grid_rows, write_rows
+
+pytestmark = pytest.mark.suite("routing")
+
+POINTS = grid_points()
+SERVING_SCALE = grid_points("grid_serving_scale")
+
+
+@pytest.mark.parametrize("point", POINTS + SERVING_SCALE, ids=[point.name for point in POINTS + SERVING_SCALE])
+def test_grid(point: GridPoint, report, target, device, settings) -> None:
+    if point.table == "grid_serving_scale" and settings.size != "full":
+        pytest.skip("serving-scale routing points run in the full-size lane (--size full)")
+    seed = CASES[point.table].seed + settings.seed
+    write_rows(report, grid_rows(target.router(), point, device, seed), seed=seed)

@@ -1,0 +1,142 @@
+"""Harness self-checks: the metrics every suite relies on, against answers known in closed form.
+
+These run first in every `parity run` (and are the only suite when no model suite is selected):
+a PSNR with an inferred data range, a cosine or ULP distance computed wrongly, or an eager run
+that is not deterministic would make every later verdict meaningless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+import numpy as np
+import pytest
+import torch
+
+from parity.cases import Table, load_case_file
+from parity.compare import FAIL, PASS, Tolerance, diff, ulp_distance
+from parity.compare.images import psnr
+
+pytestmark = pytest.mark.suite("selfcheck")
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class PsnrCase:
+    name: str
+    data_range: float
+    offset: float
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CosineCase:
+    name: str
+    a: list[float]
+    b: list[float]
+    expected: float
+
+
+@dataclasses.dataclass(frozen=True)
+class UlpCase:
+    name: str
+    dtype: Literal["fp32", "bf16", "fp16"]
+    value: float
+    steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DeterminismCase:
+    name: str
+    rows: int
+    cols: int
+    seed: int
+
+
+CASES = load_case_file(
+    "selfcheck.toml",
+    {
+        "tolerances": Table(Tolerance, keyed=True),
+        "psnr": Table(PsnrCase),
+        "cosine": Table(CosineCase),
+        "ulp": Table(UlpCase),
+        "determinism": Table(DeterminismCase),
+    },
+)
+TOL = CASES["tolerances"]["closed_form"]
+
+
+def _ids(cases):
+    return [c.name for c in cases]
+
+
+def _close(value: float, expected: float) -> bool:
+    return math.isclose(value, expected, rel_tol=TOL.rtol, abs_tol=TOL.atol)
+
+
+@pytest.mark.parametrize("case", CASES["psnr"], ids=_ids(CASES["psnr"]))
+def test_psnr_closed_form(case: PsnrCase, report) -> None:
+    rng = np.random.default_rng(0)
+    if case.data_range == 255.0:
+        ref = rng.integers(10, 240, size=(case.size, case.size, 3), dtype=np.uint8)
+        cand = ref + np.uint8(case.offset)
+    else:
+        ref = rng.uniform(0.2, 0.8, size=(case.size, case.size, 3))
+        cand = ref + case.offset
+    expected = 10 * math.log10(case.data_range**2 / case.offset**2)
+    score = psnr(ref, cand, data_range=case.data_range)
+    error = abs(score.value - expected)
+    report.record(
+        case=case.name,
+        metric="psnr_error_db",
+        value=error,
+        threshold=TOL.atol + TOL.rtol * expected,
+        verdict=PASS if _close(score.value, expected) else FAIL,
+        detail=f"psnr={score.value:.6f} expected={expected:.6f} data_range={score.data_range:g} ({TOL.reason})",
+    )
+
+
+@pytest.mark.parametrize("case", CASES["cosine"], ids=_ids(CASES["cosine"]))
+def test_cosine_closed_form(case: CosineCase, report) -> None:
+    measured = diff(torch.tensor(case.a, dtype=torch.float64), torch.tensor(case.b, dtype=torch.float64), name=case.name)
+    error = abs(measured.cosine - case.expected)
+    report.record(
+        case=case.name,
+        metric="cosine_error",
+        value=error,
+        threshold=TOL.atol,
+        verdict=PASS if _close(measured.cosine, case.expected) else FAIL,
+        detail=f"cosine={measured.cosine!r} expected={case.expected} ({TOL.reason})",
+    )
+
+
+@pytest.mark.parametrize("case", CASES["ulp"], ids=_ids(CASES["ulp"]))
+def test_ulp_distance_of_neighbours(case: UlpCase, report) -> None:
+    dtype = DTYPES[case.dtype]
+    start = torch.tensor([case.value], dtype=dtype)
+    neighbour = start.clone()
+    for _ in range(case.steps):
+        neighbour = torch.nextafter(neighbour, torch.tensor([math.inf], dtype=dtype))
+    distance = int(ulp_distance(start, neighbour)[0])
+    report.record(
+        case=case.name,
+        metric="ulp_distance",
+        value=distance,
+        threshold=case.steps,
+        verdict=PASS if distance == case.steps else FAIL,
+        better="equal",
+        detail=f"{case.value!r} to its {case.steps}-th next {case.dtype} neighbour {float(neighbour[0])!r}",
+    )
+
+
+@pytest.mark.parametrize("case", CASES["determinism"], ids=_ids(CASES["determinism"]))
+def test_eager_is_deterministic(case: DeterminismCase, report, device) -> None:
+    generator = torch.Generator().manual_seed(case.seed)
+    a = torch.randn(case.rows, case.cols, generator=generator).to(device)
+    b = torch.randn(case.cols, case.rows, generator=generator).to(device)
+    first, second = torch.softmax(a @ b, -1), torch.softmax(a @ b, -1)
+    exact = Tolerance(0.0, 0.0, "the same op on the same inputs twice must be bitwise equal")
+    report.diff(diff(first, second, exact, name="softmax(a@b)"), case=case.name, seed=case.seed)

@@ -1,0 +1,160 @@
+"""The sensitivity catalogue: known-bad variants of the built-in target, one per defect of the seeds.
+
+A mutant is one small run-time change (a monkeypatch of one named function, or an attribute set
+on loaded modules), never an edit of shipped code. Each is reachable as a `--target` factory,
+`parity.suites.ar.mutants:mutant_<name with _ for ->`, which applies the change in the process that loads
+it and returns the serving target, so any suite can be pointed at it. Each entry says which
+defect it stands for, which suite must kill it and, per lane, which tests of that suite to run at
+which model size and dtype (`Kill`), or why the mutant cannot apply on that lane (`NotApplicable`:
+an equivalent mutant at that configuration, reported as `not_applicable`, never as a pass).
+
+Lanes are named by device: `cpu` (tiny fp32 models, the CPU graph stand-in, Inductor on CPU) and
+`cuda` (real CUDA graphs and Inductor on the GPU). Mutants run at tiny size on both lanes unless
+their entry says otherwise: the defects are structural (a baked branch, a stale buffer, a wrong
+layer range), and tiny models show them through the same code paths as full-size ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+LANES = ("cpu", "cuda")
+
+
+def lane_of(device: str) -> str:
+    """The catalogue lane a run on `device` belongs to."""
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kill:
+    """The tests that must go red for a mutant on one lane, and the configuration they run at."""
+
+    tests: tuple[str, ...]  # pytest arguments selecting the tests
+    size: str = "tiny"
+    dtype: str | None = None  # None: the lane's default dtype (fp32 on cpu, bf16 on cuda)
+    why: str = ""  # why this selection (or configuration) differs from the other lane's, if it does
+
+    @property
+    def config(self) -> tuple[str, str | None]:
+        return self.size, self.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class NotApplicable:
+    """A mutant that cannot show on a lane (equivalent there), and why."""
+
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    defect: str
+    suite: str
+    target: str  # the --target spec that loads the mutant
+    lanes: Mapping[str, Kill | NotApplicable]
+
+    def on(self, lane: str) -> Kill | NotApplicable:
+        """The mutant's kill selection on `lane` (`cpu` or `cuda`)."""
+        if lane not in self.lanes:
+            raise KeyError(f"mutant {self.name!r} declares no selection for lane {lane!r} (lanes: {sorted(self.lanes)})")
+        return self.lanes[lane]
+
+    @property
+    def tests(self) -> tuple[str, ...]:
+        """The CPU lane's selection (the one a reader runs by hand first)."""
+        kill = self.on("cpu")
+        return kill.tests if isinstance(kill, Kill) else ()
+
+    @property
+    def factory(self) -> str:
+        return self.target
+
+
+CATALOGUE: dict[str, Mutant] = {}
+_APPLY: dict[str, Callable[[], None]] = {}
+
+
+def _lanes(tests: tuple[str, ...], cuda: tuple[str, ...] | Kill | NotApplicable | None) -> dict[str, Kill | NotApplicable]:
+    """CPU lane: `tests` at tiny fp32. CUDA lane: the same tests unless `cuda` says otherwise."""
+    if cuda is None:
+        gpu: Kill | NotApplicable = Kill(tests)
+    elif isinstance(cuda, (Kill, NotApplicable)):
+        gpu = cuda
+    else:
+        gpu = Kill(tuple(cuda))
+    return {"cpu": Kill(tests), "cuda": gpu}
+
+
+def mutant(
+    name: str,
+    *,
+    defect: str,
+    suite: str,
+    tests: tuple[str, ...],
+    cuda: tuple[str, ...] | Kill | NotApplicable | None = None,
+) -> Callable:
+    """Register the decorated function as the run-time change of mutant `name`."""
+
+    def register(apply: Callable[[], None]) -> Callable[[], None]:
+        spec = f"{apply.__module__}:mutant_{name.replace('-', '_')}"
+        CATALOGUE[name] = Mutant(name, defect, suite, spec, _lanes(tests, cuda))
+        _APPLY[name] = apply
+        return apply
+
+    return register
+
+
+def external(
+    name: str,
+    *,
+    defect: str,
+    suite: str,
+    tests: tuple[str, ...],
+    target: str,
+    cuda: tuple[str, ...] | Kill | NotApplicable | None = None,
+) -> None:
+    """A mutant whose factory lives in a family module (parity/suites/dit/mutants.py, mutants_routing.py)."""
+    CATALOGUE[name] = Mutant(name, defect, suite, target, _lanes(tests, cuda))
+
+
+def serving_target_with(name: str) -> Any:
+    """Apply mutant `name`'s run-time change in this process and return the built-in target."""
+    _APPLY[name]()
+    from parity.target import load_target
+
+    return load_target("serving")
+
+
+def factory_lookup(module: str) -> Callable[[str], Callable[[], Any]]:
+    """A module `__getattr__` that serves `mutant_<name>` factories for the mutants registered in
+    `module` (so `--target <module>:mutant_<name>` resolves)."""
+
+    def __getattr__(attribute: str) -> Callable[[], Any]:
+        if attribute.startswith("mutant_"):
+            name = attribute.removeprefix("mutant_").replace("_", "-")
+            if name in CATALOGUE and CATALOGUE[name].target.startswith(f"{module}:"):
+                return functools.partial(serving_target_with, name)
+        raise AttributeError(f"module {module!r} has no attribute {attribute!r}")
+
+    return __getattr__
+
+
+FAMILY_MODULES = ("parity.suites.ar.mutants", "parity.suites.dit.mutants", "parity.suites.routing.mutants")
+
+
+def all_mutants() -> dict[str, Mutant]:
+    """The whole catalogue: every family module registers its mutants when imported."""
+    for name in FAMILY_MODULES:
+        importlib.import_module(name)
+    return CATALOGUE
+
+
+def patch(module_name: str, attribute: str, replacement: Any) -> None:
+    """Replace `module.attribute` in this process (a mutant's run-time change)."""
+    setattr(importlib.import_module(module_name), attribute, replacement)

@@ -1,0 +1,151 @@
+"""DiT-stage adapter of the serving port (the built-in target).
+
+Same shape as `reference_models/dit/adapter.py` (see its docstring for the full API):
+`name`, `config`, `module`, `decoder`, `device`, `dtype`; classmethods `load(checkpoint_dir,
+device, dtype)` and `build(config, state_dict, device, dtype)` (module-level `load`/`build` too);
+`forward(latents, timestep, text_states, text_mask) -> velocity`; `block_sites()`;
+`sample(text_states, text_mask, height, width, steps, guidance_scale, cfg_range, seed)` (latent
+height/width); `decode(latents) -> uint8 [B,H,W,3]`; `generate(...)`; `text_condition(length,
+seed, batch)`. `build` accepts this package's DiTConfig, a config.json dict, or any object with
+`to_json_dict()` (such as the reference's config).
+
+Sampling the serving way: CFG is two batch-1 calls per image and step, the conditional one with
+the prompt's text and the unconditional one with a zero-length text (`[1, 0, D]`), which
+`_apply_refiners` keeps away from every block. The Euler state is fp32 (fp64 for fp64 runs);
+the timestep reaches the model in the model dtype, as upstream passes it.
+
+Regional compile is the runner's job (the harness compiles every submodule whose class name is
+in `module._repeated_blocks`); `forward` calls `self.module`, so compiled blocks are used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import DiTConfig
+from .decoder import LatentDecoder
+from .weights import build_modules, read_checkpoint
+from .model import Transformer2DModel
+from .sampler import cfg_active, flow_match_timesteps, initial_noise, text_condition
+
+
+class ServingDiT:
+    """The serving DiT stage behind the adapter API."""
+
+    name = "serving"
+
+    def __init__(
+        self,
+        config: DiTConfig,
+        module: Transformer2DModel,
+        decoder: LatentDecoder,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.config = config
+        self.module = module
+        self.decoder = decoder
+        self.device = torch.device(device)
+        self.dtype = dtype
+
+    @classmethod
+    def load(
+        cls, checkpoint_dir: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> ServingDiT:
+        config, tensors = read_checkpoint(checkpoint_dir)
+        device = torch.device(device)
+        module, decoder = build_modules(config, tensors, device, dtype, source=str(checkpoint_dir))
+        return cls(config, module, decoder, device, dtype)
+
+    @classmethod
+    def build(
+        cls,
+        config: Any,
+        state_dict: dict[str, torch.Tensor],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> ServingDiT:
+        config = DiTConfig.coerce(config)
+        device = torch.device(device)
+        module, decoder = build_modules(config, state_dict, device, dtype, source="<in-memory state dict>")
+        return cls(config, module, decoder, device, dtype)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        latents: torch.Tensor,
+        timestep: torch.Tensor,
+        text_states: torch.Tensor,
+        text_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        return self.module(
+            latents.to(self.device, self.dtype),
+            timestep.to(self.device),
+            text_states.to(self.device, self.dtype),
+            text_mask.to(self.device, torch.bool),
+        )
+
+    def block_sites(self) -> list[tuple[str, nn.Module]]:
+        return self.module.block_sites()
+
+    def text_condition(self, length: int, seed: int, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        states, mask = text_condition(self.config.text_feat_dim, length, seed, batch)
+        return states.to(self.device, self.dtype), mask.to(self.device)
+
+    @torch.no_grad()
+    def sample(
+        self,
+        text_states: torch.Tensor,
+        text_mask: torch.Tensor,
+        height: int,
+        width: int,
+        steps: int,
+        guidance_scale: float,
+        cfg_range: tuple[float, float] = (0.0, 1.0),
+        seed: int = 0,
+    ) -> torch.Tensor:
+        batch = text_states.shape[0]
+        state_dtype = torch.promote_types(self.dtype, torch.float32)
+        x = initial_noise((batch, self.config.in_channels, height, width), seed).to(self.device, state_dtype)
+        times = flow_match_timesteps(steps, height, width).to(self.device)
+        text_states = text_states.to(self.device, self.dtype)
+        text_mask = text_mask.to(self.device, torch.bool)
+        for i in range(steps):
+            timestep = times[i : i + 1].to(self.dtype)
+            use_cfg = cfg_active(i, steps, guidance_scale, cfg_range)
+            velocities = []
+            for b in range(batch):  # every call is batch 1, as the serving runner issues them
+                model_in = x[b : b + 1].to(self.dtype)
+                cond = self.module(model_in, timestep, text_states[b : b + 1], text_mask[b : b + 1]).to(state_dtype)
+                if use_cfg:
+                    empty_text = text_states[b : b + 1, :0]
+                    uncond = self.module(model_in, timestep, empty_text, text_mask[b : b + 1, :0]).to(state_dtype)
+                    cond = uncond + guidance_scale * (cond - uncond)
+                velocities.append(cond)
+            x = x + (times[i + 1] - times[i]).to(state_dtype) * torch.cat(velocities)
+        return x
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        return self.decoder(latents.to(self.device))
+
+    def generate(
+        self,
+        text_states: torch.Tensor,
+        text_mask: torch.Tensor,
+        height: int,
+        width: int,
+        steps: int,
+        guidance_scale: float,
+        cfg_range: tuple[float, float] = (0.0, 1.0),
+        seed: int = 0,
+    ) -> torch.Tensor:
+        return self.decode(self.sample(text_states, text_mask, height, width, steps, guidance_scale, cfg_range, seed))
+
+
+load = from_pretrained = ServingDiT.load
+build = ServingDiT.build
