@@ -1,3 +1,2 @@
-"""Load the parity pytest plugin for every test and suite run from this tree."""
-
-pytest_plugins = ["parity.plugin"]
+"""Repository-only pytest settings. The parity plugin itself is registered by its `pytest11`
+entry point (`pip install -e .`); from a checkout without installing, pass `-p parity.plugin`."""

@@ -13,13 +13,18 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The built-in cases: `parity/builtin_cases/` (in the repository a link to the top-level `cases/`,
+# in the wheel a copy), so an installed parity finds them wherever it runs.
+BUILTIN_CASES = Path(__file__).resolve().parent / "builtin_cases"
+CASES_DIR_ENV = "PARITY_CASES_DIR"
+
+_extra_dirs: tuple[Path, ...] = ()
 
 
 class CaseFileError(ValueError):
@@ -27,8 +32,16 @@ class CaseFileError(ValueError):
 
 
 def cases_dir() -> Path:
-    """Where case files live: `$PARITY_CASES_DIR`, else `cases/` at the project root."""
-    return Path(os.environ.get("PARITY_CASES_DIR", PROJECT_ROOT / "cases"))
+    """Where the built-in case files live: `$PARITY_CASES_DIR` (a replacement set), else the
+    package's `builtin_cases/`."""
+    return Path(os.environ.get(CASES_DIR_ENV) or BUILTIN_CASES)
+
+
+def add_case_dirs(directories: Iterable[str | Path]) -> None:
+    """Directories whose case files extend the built-in ones (`--parity-cases DIR`): a user's
+    `ar.toml` there adds its cases to the built-in `ar.toml`. Set once per session."""
+    global _extra_dirs
+    _extra_dirs = tuple(Path(d) for d in directories)
 
 
 def case_path(name: str) -> Path:
@@ -170,8 +183,40 @@ class Table:
 
 
 def load_case_file(path: str | Path, schema: Mapping[str, Table]) -> dict[str, Any]:
-    """Load and validate one case file against `schema` (top-level table name -> `Table`)."""
+    """Load and validate one case file against `schema` (top-level table name -> `Table`), then add
+    the cases of the file of the same name in each extra case directory (`add_case_dirs`)."""
     path = case_path(str(path))
+    loaded = _load_one(path, schema, partial=False)
+    if path.parent.resolve() == cases_dir().resolve():  # a built-in file: user directories may extend it
+        for directory in _extra_dirs:
+            extra = directory / path.name
+            if extra.is_file():
+                _extend(loaded, _load_one(extra, schema, partial=True), schema, _label(path), _label(extra))
+    return loaded
+
+
+def _extend(loaded: dict[str, Any], extra: dict[str, Any], schema: Mapping[str, Table], base: str, label: str) -> None:
+    """Add `extra`'s cases to `loaded`: arrays are appended, keyed tables merged; a case name, key
+    or single table that both files define is an error naming both files."""
+    for name, table in schema.items():
+        if name not in extra:
+            continue
+        if table.keyed:
+            clash = sorted(set(loaded[name]) & set(extra[name]))
+            if clash:
+                raise CaseFileError(f"{label}: table [{name}.{clash[0]}]: already defined in {base}")
+            loaded[name] = {**loaded[name], **extra[name]}
+        elif table.many:
+            names = {getattr(record, "name", None) for record in loaded[name]}
+            for record in extra[name]:
+                if getattr(record, "name", None) in names:
+                    raise CaseFileError(f"{label}: table [{name}] case {record.name!r}: a case of that name is already in {base}")
+            loaded[name] = [*loaded[name], *extra[name]]
+        else:
+            raise CaseFileError(f"{label}: table [{name}]: a single table, already set in {base} (extra case files add cases, they do not replace settings)")
+
+
+def _load_one(path: Path, schema: Mapping[str, Table], *, partial: bool) -> dict[str, Any]:
     label = _label(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -187,6 +232,8 @@ def load_case_file(path: str | Path, schema: Mapping[str, Table]) -> dict[str, A
     loaded: dict[str, Any] = {}
     for name, table in schema.items():
         if name not in raw:
+            if partial:
+                continue
             if table.required:
                 raise CaseFileError(f"{label}: table [{name}]: missing (expected {_shape(table)})")
             loaded[name] = [] if table.many and not table.keyed else {}

@@ -17,9 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from parity import env
+from parity.plugin.options import add_run_options, pytest_args
 from parity.report import ReportError, format_summary, mutation_score, new_run_id, outcome, read_results
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
+DEFAULT_REPORT_DIR = Path("reports") / "runs"  # relative to the directory parity runs in
+PLUGIN = ("parity", "parity.plugin")  # the pytest11 entry point: name, module
 CHECKPOINT_MAKER = "reference_models.checkpoints:make_checkpoint"
 PYTEST_NO_TESTS = 5
 
@@ -34,24 +37,7 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
             "worst metric) and exits non-zero if any check failed or errored."
         ),
     )
-    run.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to run on (default: cpu)")
-    run.add_argument("--size", choices=("tiny", "full"), default="tiny", help="model configuration (default: tiny)")
-    run.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None, help="target dtype (default: fp32 on cpu, bf16 on cuda)")
-    run.add_argument(
-        "--target",
-        default="serving",
-        help="implementation under test: serving (built-in), reference, or package.module:factory (default: serving)",
-    )
-    run.add_argument("--report-dir", default=None, help="where run directories are created (default: reports/runs)")
-    run.add_argument("--run-id", default=None, help="name of the run directory (default: timestamp + random suffix)")
-    run.add_argument(
-        "--suite",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="run only this report suite (repeatable), e.g. --suite numerics --suite routing",
-    )
-    run.add_argument("--seed", type=int, default=0, help="offset added to every case and checkpoint seed (default: 0)")
+    add_run_options(run.add_argument, prefix="")
     run.add_argument("-n", "--numprocesses", default=None, metavar="N", help="pytest-xdist workers (passed to pytest -n)")
     run.add_argument(
         "--benchmarks",
@@ -90,7 +76,7 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
         help="summarise a run, compare it with its baseline, write its index.html",
         description=(
             "Read a run directory: print a per-suite summary (failing rows first, with value and threshold), "
-            f"compare with the baseline of the run's device kind and dtype ({BASELINE_DIR.relative_to(env.PROJECT_ROOT)}/"
+            f"compare with the baseline of the run's device kind and dtype ({BASELINE_DIR}/"
             "<device kind>-<dtype>.csv, e.g. cpu-fp32.csv, h200-bf16.csv) or --baseline, and write RUN_DIR/index.html. "
             "A gate row is a regression when its verdict went to fail/error, its bound was loosened, or it uses "
             "more than MARGIN more of its bound than in the baseline; a vanished gate row fails too; info rows never do. "
@@ -138,20 +124,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def plugin_is_installed() -> bool:
+    """Whether pytest loads the plugin by itself (the `pytest11` entry point of an installed parity)."""
+    from importlib.metadata import entry_points
+
+    return any((ep.name, ep.value) == PLUGIN for ep in entry_points(group="pytest11"))
+
+
 def pytest_args_for_run(args: argparse.Namespace, run_id: str) -> list[str]:
     """The pytest command line `parity run` executes (also used by tests and the CI docs)."""
     lane = "gpu" if args.device == "cuda" else "cpu"
     marker = lane if args.benchmarks else f"{lane} and not benchmark"
-    argv = [str(SUITES_DIR), "-m", marker, "--device", args.device, "--size", args.size, "--target", args.target]
-    argv += ["--run-id", run_id, "--no-parity-summary", "-rfE", "-p", "no:cacheprovider"]
-    if args.dtype:
-        argv += ["--dtype", args.dtype]
-    if args.seed:
-        argv += ["--seed", str(args.seed)]
-    if args.report_dir:
-        argv += ["--report-dir", args.report_dir]
-    for suite in args.suite:
-        argv += ["--suite", suite]
+    values = {**vars(args), "run_id": run_id}
+    argv = [] if plugin_is_installed() else ["-p", PLUGIN[1]]  # a checkout run without installing
+    argv += [str(SUITES_DIR), "-m", marker, *pytest_args(values), "--parity-no-summary", "-rfE", "-p", "no:cacheprovider"]
     if args.numprocesses and not args.benchmarks:
         argv += ["-n", str(args.numprocesses)]
     extra = list(args.pytest_args)
@@ -164,7 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import pytest
 
     run_id = args.run_id or new_run_id()
-    report_dir = Path(args.report_dir) if args.report_dir else env.PROJECT_ROOT / "reports" / "runs"
+    report_dir = Path(args.report_dir) if args.report_dir else DEFAULT_REPORT_DIR
     run_dir = report_dir / run_id
     argv = pytest_args_for_run(args, run_id)
     env.select_cpu_kernels()  # before pytest imports anything that runs a kernel (docs/cpu-kernels.md)
@@ -203,7 +189,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     from parity.report.page import write_page
 
     try:
-        run_dir = args.run_dir or latest_run_dir(env.PROJECT_ROOT / "reports" / "runs")
+        run_dir = args.run_dir or latest_run_dir(DEFAULT_REPORT_DIR)
         try:
             review = load_review(run_dir, baseline=args.baseline, use_default_baseline=not args.no_baseline, margin=args.margin)
         except BaselineError as exc:

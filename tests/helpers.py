@@ -26,8 +26,16 @@ def run(args: list[str], *, cwd: Path = PROJECT_ROOT, timeout: float = 300, **en
     )
 
 
+def plugin_args() -> list[str]:
+    """`-p parity.plugin` where pytest would not load the plugin by itself (a checkout without
+    `pip install`: no `pytest11` entry point), nothing where it would."""
+    from parity.cli import PLUGIN, plugin_is_installed
+
+    return [] if plugin_is_installed() else ["-p", PLUGIN[1]]
+
+
 def run_pytest(args: list[str], **kwargs) -> subprocess.CompletedProcess:
-    return run(["-m", "pytest", "-p", "no:cacheprovider", *args], **kwargs)
+    return run(["-m", "pytest", "-p", "no:cacheprovider", *plugin_args(), *args], **kwargs)
 
 
 def run_parity(args: list[str], **kwargs) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from parity.report import COLUMNS, read_results
-from tests.helpers import PROJECT_ROOT, run_parity, run_pytest, subprocess_env
+from tests.helpers import PROJECT_ROOT, plugin_args, run_parity, run_pytest, subprocess_env
 
 
 def _only_run_dir(report_dir: Path) -> Path:
@@ -88,13 +88,12 @@ LANES = textwrap.dedent(
 
 @pytest.fixture
 def lanes(tmp_path: Path) -> Path:
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["parity.plugin"]\n')
     (tmp_path / "test_lanes.py").write_text(LANES)
     return tmp_path
 
 
 def test_cpu_lane_selects_everything_that_needs_no_gpu(lanes: Path) -> None:
-    result = run_pytest([str(lanes), "-m", "cpu", "-q", "--report-dir", str(lanes / "out")], cwd=lanes)
+    result = run_pytest([str(lanes), "-m", "cpu", "-q", "--parity-report-dir", str(lanes / "out")], cwd=lanes)
     assert "3 passed, 1 deselected" in result.stdout, result.stdout
 
 
@@ -105,36 +104,34 @@ no_cuda = pytest.mark.skipif(
 
 @no_cuda
 def test_gpu_tests_skip_with_a_reason_without_cuda(lanes: Path) -> None:
-    result = run_pytest([str(lanes), "-m", "gpu", "-rs", "--report-dir", str(lanes / "out")], cwd=lanes)
+    result = run_pytest([str(lanes), "-m", "gpu", "-rs", "--parity-report-dir", str(lanes / "out")], cwd=lanes)
     assert "1 skipped" in result.stdout and "no CUDA device on this machine" in result.stdout, result.stdout
 
 
 @no_cuda
 def test_device_cuda_without_cuda_is_a_usage_error(lanes: Path) -> None:
-    result = run_pytest([str(lanes), "--device", "cuda"], cwd=lanes)
-    assert result.returncode == 4 and "--device cuda: no CUDA device" in result.stderr
+    result = run_pytest([str(lanes), "--parity-device", "cuda"], cwd=lanes)
+    assert result.returncode == 4 and "--parity-device cuda: no CUDA device" in result.stderr
 
 
 def test_suite_option_selects_by_report_suite(lanes: Path) -> None:
     out = lanes / "out"
-    result = run_pytest([str(lanes), "--suite", "other", "-q", "--report-dir", str(out), "--target", "reference"], cwd=lanes)
+    result = run_pytest([str(lanes), "--parity-suite", "other", "-q", "--parity-report-dir", str(out), "--parity-target", "reference"], cwd=lanes)
     assert "1 passed, 3 deselected" in result.stdout, result.stdout
     frame = read_results(_only_run_dir(out))
     assert frame["suite"].tolist() == ["other"] and frame["target"].tolist() == ["reference"]
 
 
 def test_report_fixture_without_a_suite_is_an_error(tmp_path: Path) -> None:
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["parity.plugin"]\n')
     (tmp_path / "test_x.py").write_text("def test_x(report):\n    pass\n")
     result = run_pytest([str(tmp_path)], cwd=tmp_path)
     assert result.returncode != 0 and "declares no suite" in result.stdout
 
 
 def test_a_plain_test_run_leaves_no_empty_run_directory(tmp_path: Path) -> None:
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["parity.plugin"]\n')
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
     out = tmp_path / "out"
-    assert run_pytest([str(tmp_path), "--report-dir", str(out)], cwd=tmp_path).returncode == 0
+    assert run_pytest([str(tmp_path), "--parity-report-dir", str(out)], cwd=tmp_path).returncode == 0
     assert not out.exists() or not any(out.iterdir())
 
 
@@ -197,7 +194,6 @@ def test_rows(report):
 
 @pytest.fixture
 def kernels(tmp_path: Path) -> Path:
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["parity.plugin"]\n')
     (tmp_path / "test_kernels.py").write_text(KERNELS.replace("def test_rows", "@pytest.mark.suite('other')\ndef test_rows"))
     return tmp_path
 
@@ -205,7 +201,7 @@ def kernels(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_the_plugin_caps_onednn_for_default_kernels_in_workers_and_children(kernels: Path, workers: list[str]) -> None:
     out = kernels / "out"
-    args = [str(kernels), "--report-dir", str(out), "--run-id", "r", *workers]
+    args = [str(kernels), "--parity-report-dir", str(out), "--parity-run-id", "r", *workers]
     result = run_pytest(args, cwd=kernels, ATEN_CPU_CAPABILITY="default", EXPECT_ISA="SSE41", OMP_NUM_THREADS="2")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "parity: ONEDNN_MAX_CPU_ISA=SSE41 set by parity to match ATEN_CPU_CAPABILITY=default" in result.stdout
@@ -218,7 +214,7 @@ def test_the_plugin_caps_onednn_for_default_kernels_in_workers_and_children(kern
 
 def test_parity_cpu_threads_sets_the_thread_count_and_a_users_cap_is_kept(kernels: Path) -> None:
     out = kernels / "out"
-    result = run_pytest([str(kernels), "--report-dir", str(out), "--run-id", "r"], cwd=kernels,
+    result = run_pytest([str(kernels), "--parity-report-dir", str(out), "--parity-run-id", "r"], cwd=kernels,
                         PARITY_CPU_THREADS="2", EXPECT_THREADS="2", ATEN_CPU_CAPABILITY="default",
                         ONEDNN_MAX_CPU_ISA="AVX2", EXPECT_ISA="AVX2")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -281,7 +277,7 @@ def test_a_default_kernel_compile_after_a_native_one_needs_its_own_inductor_cach
     import torch
 
     with_plugin, without = tmp_path / "with", tmp_path / "without"
-    for folder, conftest in ((with_plugin, 'pytest_plugins = ["parity.plugin"]\n'), (without, "")):
+    for folder, conftest in ((with_plugin, ""), (without, "")):
         folder.mkdir()
         (folder / "conftest.py").write_text(conftest)
         (folder / "test_compile.py").write_text(COMPILED_REDUCTION)
@@ -290,8 +286,8 @@ def test_a_default_kernel_compile_after_a_native_one_needs_its_own_inductor_cach
             if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
 
     def pytest_in(folder: Path, **extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(folder), "--report-dir", str(folder / "out")]
-                              if folder == with_plugin else [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(folder)],
+        plugin = [*plugin_args(), "--parity-report-dir", str(folder / "out")] if folder == with_plugin else ["-p", "no:parity"]
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(folder), *plugin],
                               cwd=folder, env={**base, **extra}, capture_output=True, text=True, timeout=600)
 
     native = pytest_in(with_plugin)

@@ -263,8 +263,8 @@ def test_bf16_noise_floor_is_green_on_a_correct_target_and_red_on_the_late_defec
 @pytest.mark.slow
 def test_the_decode_suite_goes_red_on_a_late_decode_defect(tmp_path: Path) -> None:
     out = tmp_path / "reports"
-    args = ["parity/suites/ar/test_decode.py", "-q", "-k", "teacher_forced", "--report-dir", str(out), "--run-id", "run",
-            "--target", "tests.decode_targets:late_decode_defect"]
+    args = ["parity/suites/ar/test_decode.py", "-q", "-k", "teacher_forced", "--parity-report-dir", str(out), "--parity-run-id", "run",
+            "--parity-target", "tests.decode_targets:late_decode_defect"]
     result = run_pytest(args, timeout=600)
     assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-2000:]
     rows = read_results(out / "run")

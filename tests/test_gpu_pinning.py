@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from parity import plugin
+from parity.plugin import lanes as plugin
 
 
 @pytest.mark.parametrize("worker, mask, chosen", [("gw0", "3,5", "3"), ("gw1", "3,5", "5"), ("gw2", "3,5", "3"), ("gw1", "7", "7")])

@@ -20,7 +20,7 @@ def test_each_worker_sees_only_its_own_gpu(repeat: int, pytestconfig) -> None:
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     physical = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU ")
-    if pytestconfig.getoption("--device") != "cuda" or not worker or physical < 2:
+    if pytestconfig.getoption("--parity-device") != "cuda" or not worker or physical < 2:
         pytest.skip("needs --device cuda, pytest-xdist and at least two GPUs")
     expected = str(int(worker.removeprefix("gw")) % physical)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == expected

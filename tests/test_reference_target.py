@@ -18,8 +18,8 @@ SUITES_WITH_ROWS = {"selfcheck", "expert_selection", "fail_closed_capture", "emb
 
 def test_every_suite_runs_and_passes_against_the_reference(tmp_path: Path) -> None:
     out = tmp_path / "reports"
-    result = run_pytest(["parity/suites", "-m", "cpu and not benchmark", "--target", "reference", "-q", "-rs", "--report-dir", str(out),
-                         "--run-id", "ref", "--deselect", "parity/suites/sensitivity/test_sensitivity.py", "-n", "2"], timeout=900)
+    result = run_pytest(["parity/suites", "-m", "cpu and not benchmark", "--parity-target", "reference", "-q", "-rs", "--parity-report-dir", str(out),
+                         "--parity-run-id", "ref", "--deselect", "parity/suites/sensitivity/test_sensitivity.py", "-n", "2"], timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     frame = read_results(out / "ref")
     gates = frame[frame["kind"] == "gate"]

@@ -126,7 +126,6 @@ SUITE = textwrap.dedent(
 
 @pytest.fixture
 def demo_suite(tmp_path: Path) -> Path:
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["parity.plugin"]\n')
     (tmp_path / "test_demo.py").write_text(SUITE)
     return tmp_path
 
@@ -138,7 +137,7 @@ def _rows(report_dir: Path) -> pd.DataFrame:
 
 def test_failures_errors_and_asserts_all_reach_the_csv(demo_suite: Path, tmp_path: Path) -> None:
     out = tmp_path / "reports"
-    result = run_pytest([str(demo_suite), "--report-dir", str(out)], cwd=demo_suite)
+    result = run_pytest([str(demo_suite), "--parity-report-dir", str(out)], cwd=demo_suite)
     assert result.returncode == 1, result.stdout
     rows = _rows(out).set_index("case")
     assert rows.loc["bad", "verdict"].tolist() == ["fail", "pass"]
@@ -150,7 +149,7 @@ def test_failures_errors_and_asserts_all_reach_the_csv(demo_suite: Path, tmp_pat
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
 def test_an_interrupted_run_keeps_its_finished_rows(demo_suite: Path, tmp_path: Path, signal_name: str) -> None:
     out = tmp_path / "reports"
-    result = run_pytest([str(demo_suite), "--report-dir", str(out), "-k", "test_rows"], cwd=demo_suite, STOP_AT="3", SIGNAL=signal_name)
+    result = run_pytest([str(demo_suite), "--parity-report-dir", str(out), "-k", "test_rows"], cwd=demo_suite, STOP_AT="3", SIGNAL=signal_name)
     assert result.returncode != 0
     assert _rows(out)["case"].tolist() == ["c0", "c1", "c2", "c3"]
 
@@ -164,7 +163,7 @@ def test_xdist_workers_write_exactly_the_rows_of_a_serial_run(tmp_path: Path) ->
     runs = {}
     for workers in ("0", "2", "4"):
         out = tmp_path / f"n{workers}"
-        result = run_pytest(["parity/suites", "-m", "cpu", "--suite", "selfcheck", "--report-dir", str(out), "-n", workers])
+        result = run_pytest(["parity/suites", "-m", "cpu", "--parity-suite", "selfcheck", "--parity-report-dir", str(out), "-n", workers])
         assert result.returncode == 0, result.stdout + result.stderr
         runs[workers] = _rows(out)
     assert len(runs["0"]) > 10

@@ -66,7 +66,7 @@ def test_a_mutant_that_cannot_apply_is_recorded_not_applicable(tmp_path: Path) -
     (tmp_path / "fake_entry.py").write_text(FAKE_ENTRY)
     result = run_pytest(
         ["parity/suites/sensitivity/test_sensitivity.py", "-k", "test_mutant_is_killed and fake-equivalent", "-p", "fake_entry",
-         "--report-dir", str(tmp_path), "--run-id", "na"],
+         "--parity-report-dir", str(tmp_path), "--parity-run-id", "na"],
         PYTHONPATH=os.pathsep.join([str(tmp_path), str(PROJECT_ROOT)]),
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -38,7 +38,7 @@ ALL = [RECOMPILES, NUMERICS, IMAGE]
 def run_suites(tmp_path: Path, files: list[str], *extra: str, target: str = "serving") -> tuple[int, pd.DataFrame, str]:
     """Run suite files in a fresh pytest process; exit code, its results.csv, the output's tail."""
     out = tmp_path / "reports"
-    args = [*files, "-q", "--report-dir", str(out), "--run-id", "run", "--target", target, *extra]
+    args = [*files, "-q", "--parity-report-dir", str(out), "--parity-run-id", "run", "--parity-target", target, *extra]
     result = run_pytest(args, timeout=600)
     output = result.stdout[-4000:] + result.stderr[-2000:]
     run_dir = out / "run"

@@ -26,8 +26,8 @@ SUITE_FILES = [
 
 def run_on_cuda(tmp_path: Path, target: str, selection: str) -> tuple[int, pd.DataFrame, str]:
     result = run_pytest(
-        [*SUITE_FILES, "-q", "--device", "cuda", "--size", "full", "-k", selection, "--target", target,
-         "--report-dir", str(tmp_path), "--run-id", "run"],
+        [*SUITE_FILES, "-q", "--parity-device", "cuda", "--parity-size", "full", "-k", selection, "--parity-target", target,
+         "--parity-report-dir", str(tmp_path), "--parity-run-id", "run"],
         cwd=PROJECT_ROOT, timeout=900,
     )
     csv = tmp_path / "run" / "results.csv"

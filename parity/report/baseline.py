@@ -45,11 +45,10 @@ from typing import Any
 
 import pandas as pd
 
-from parity import env
 from parity.compare import ERROR, FAIL, FIXED, MEASURED, TIE_FLIP
 from parity.report.rows import CASE_KEYS, COLUMNS, read_results, read_run_info
 
-BASELINE_DIR = env.PROJECT_ROOT / "reports" / "baselines"
+BASELINE_DIR = Path("reports") / "baselines"  # relative to the directory a command runs in
 ROW_KEYS = ["suite", "case", "target", "mode", "site", "metric"]
 # Columns that change on every run without saying anything about the numbers.
 VOLATILE_COLUMNS = ("run_id", "time", "worker", "test", "git_sha")

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,13 +103,18 @@ def _cell(value: Any) -> Any:
 class ReportWriter:
     """Appends rows to `run_dir/results.csv`, filling the run's context columns."""
 
-    def __init__(self, run_dir: str | Path, context: Mapping[str, Any]):
+    def __init__(
+        self, run_dir: str | Path, context: Mapping[str, Any], *, on_create: Callable[[Path], None] | None = None
+    ):
+        """`on_create(run_dir)` runs once per run, by the process that writes the first row (under
+        the file lock): where a run's `run.json` is written, so a session without rows leaves nothing."""
         unknown = set(context) - set(COLUMNS)
         if unknown:
             raise ReportError(f"unknown report context columns: {sorted(unknown)}")
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / RESULTS_FILE
         self.context = dict(context)
+        self.on_create = on_create
 
     def normalise(self, row: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(row) - set(COLUMNS)
@@ -152,6 +157,8 @@ class ReportWriter:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 header = handle.tell() == 0 and os.fstat(handle.fileno()).st_size == 0
+                if header and self.on_create is not None:
+                    self.on_create(self.run_dir)
                 frame.to_csv(handle, header=header, index=False)
                 handle.flush()
             finally:

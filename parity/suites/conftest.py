@@ -38,7 +38,7 @@ def _parametrizes(metafunc: pytest.Metafunc, name: str) -> bool:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "mode" in metafunc.fixturenames and not _parametrizes(metafunc, "mode"):
-        metafunc.parametrize("mode", modes_for(metafunc.config.getoption("--device")))
+        metafunc.parametrize("mode", modes_for(metafunc.config.getoption("--parity-device")))
 
 
 def require_graph_support(adapter: object, mode: str) -> None:

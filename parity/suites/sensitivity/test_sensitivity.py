@@ -46,10 +46,10 @@ def sessions() -> Iterator[PytestForkServer]:
 
 def _child(sessions: PytestForkServer, args: list[str], kill: Kill, out: Path, settings) -> tuple[int, pd.DataFrame | None, str]:
     """An isolated pytest session at the selection's configuration; its rows go under `out`."""
-    argv = [*args, "-p", "no:cacheprovider", "--report-dir", str(out), "--run-id", "child",
-            "--device", settings.device, "--size", kill.size, "--no-parity-summary", "-q"]
+    argv = [*args, "-p", "no:cacheprovider", "--parity-report-dir", str(out), "--parity-run-id", "child",
+            "--parity-device", settings.device, "--parity-size", kill.size, "--parity-no-summary", "-q"]
     if kill.dtype:
-        argv += ["--dtype", kill.dtype]
+        argv += ["--parity-dtype", kill.dtype]
     log = out / "child.log"
     code = sessions.run(argv, log, timeout=CHILD_TIMEOUT_S)
     results = out / "child" / "results.csv"
@@ -81,7 +81,7 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
         report.verdict(Verdict(NOT_APPLICABLE, "killed", None, None, f"{mutant.defect} || not applicable on the {lane} lane: {kill.reason}"),
                        case=name, mode=mutant.suite, better="equal")
         return
-    code, rows, tail = _child(sessions, [*kill.tests, "--target", mutant.target, "-x"], kill, tmp_path, settings)
+    code, rows, tail = _child(sessions, [*kill.tests, "--parity-target", mutant.target, "-x"], kill, tmp_path, settings)
     killers = _failing(rows, mutant.suite)
     killed = code != 0 and not killers.empty
     where = f"{lane} lane, {kill.size}" + (f" {kill.dtype}" if kill.dtype else "")
@@ -124,7 +124,7 @@ def test_correct_target_raises_no_alarm(seed: int, report, settings, sessions, t
     for index, (config, selection) in enumerate(control_selections(lane).items()):
         out = tmp_path / f"config-{index}"
         out.mkdir()
-        code, rows, tail = _child(sessions, [*selection, "--target", "serving", "--seed", str(seed)], config, out, settings)
+        code, rows, tail = _child(sessions, [*selection, "--parity-target", "serving", "--parity-seed", str(seed)], config, out, settings)
         exits.append(code)
         if rows is None:
             tails.append(f"{config.size}/{config.dtype or 'lane dtype'}: no rows ({tail[:200]})")

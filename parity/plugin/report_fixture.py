@@ -1,0 +1,203 @@
+"""The per-test row writer (`report`) and the fixtures a suite uses (`settings`, `run_dir`,
+`device`, `target`), plus the fresh Dynamo cache every parity test starts with."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parity.compare import ERROR, FAIL, PASS, TensorDiff, TreeDiff, Verdict
+from parity.plugin.lanes import is_parity_test, suite_of
+from parity.plugin.session import RunSession
+from parity.report import ReportWriter
+
+SESSION = pytest.StashKey[RunSession]()
+WRITER = pytest.StashKey[ReportWriter]()
+REPORT = pytest.StashKey["SuiteReport"]()
+
+
+class SuiteReport:
+    """Writes a test's rows for its suite and remembers which of them failed.
+
+    `verdict()` and `record()` write immediately; a failing gate row makes the test fail when it
+    returns (the row is already on disk), so a suite can record every layer before it fails.
+    """
+
+    def __init__(self, writer: ReportWriter, suite: str, test: str, default_case: str):
+        self.writer = writer
+        self.suite = suite
+        self.test = test
+        self.case = default_case
+        self.mode = "eager"
+        self.seed: int | None = None
+        self.rows: list[dict[str, Any]] = []
+
+    def record(
+        self,
+        *,
+        metric: str,
+        value: float | int | None,
+        verdict: str = PASS,
+        threshold: float | None = None,
+        detail: str = "",
+        case: str | None = None,
+        mode: str | None = None,
+        site: str = "",
+        seed: int | None = None,
+        kind: str = "gate",
+        better: str = "lower",
+        suite: str | None = None,
+        bound: str | None = None,
+    ) -> dict[str, Any]:
+        """Write one row now. `bound`: `measured` when `threshold` was derived from noise measured in
+        this run; by default a threshold is `fixed` (a policy)."""
+        if case is not None:
+            self.case = case
+        if mode is not None:
+            self.mode = mode
+        row = self.writer.write(
+            {
+                "suite": suite or self.suite,
+                "case": self.case,
+                "mode": self.mode,
+                "site": site,
+                "metric": metric,
+                "value": value,
+                "threshold": threshold,
+                "verdict": verdict,
+                "detail": detail,
+                "seed": self.seed if seed is None else seed,
+                "kind": kind,
+                "better": better,
+                "bound": bound,
+                "test": self.test,
+            }
+        )
+        self.rows.append(row)
+        return row
+
+    def verdict(self, verdict: Verdict, *, better: str = "lower", **where: Any) -> Verdict:
+        """Write the gate row of a `Verdict`; returns it so a caller can branch on `.ok`."""
+        self.record(
+            metric=verdict.metric,
+            value=verdict.value,
+            verdict=verdict.verdict,
+            threshold=verdict.threshold,
+            detail=verdict.detail,
+            better=better,
+            bound=verdict.bound,
+            **where,
+        )
+        return verdict
+
+    def info(self, *, metric: str, value: float | int | None, detail: str = "", verdict: str = PASS, **where: Any) -> None:
+        """A number recorded beside a decision (it does not decide a case)."""
+        where.setdefault("better", "")
+        self.record(metric=metric, value=value, verdict=verdict, detail=detail, kind="info", **where)
+
+    def diff(
+        self,
+        measured: TensorDiff | TreeDiff,
+        *,
+        gate: str = "max_abs",
+        info: tuple[str, ...] = ("mean_abs", "rel_l2", "cosine", "max_ulp"),
+        **where: Any,
+    ) -> Verdict:
+        """Gate row on `gate` plus info rows for the other metrics of a diff."""
+        verdict = self.verdict(measured.verdict(gate), **where)
+        if isinstance(measured, TreeDiff):
+            leaf = measured.first_failing() or measured.worst(gate)
+        else:
+            leaf = measured
+        if leaf is not None:
+            for metric in info:
+                value = getattr(leaf, metric)
+                if value is not None:
+                    better = "higher" if metric in ("cosine", "argmax_agree", "topk_agree") else "lower"
+                    self.info(metric=metric, value=value, verdict=verdict.verdict, detail=leaf.name, better=better, **where)
+        return verdict
+
+    @contextlib.contextmanager
+    def guard(self, *, case: str, mode: str | None = None, site: str = "") -> Iterator[None]:
+        """Turn an exception inside the block into an `error` row for `case` and carry on, so one
+        broken case does not hide the rows of the others (the test still fails at the end)."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - the row is the report of it
+            message = f"{type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
+            self.record(case=case, mode=mode, site=site, metric="exception", value=None, verdict=ERROR, detail=message)
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["kind"] == "gate" and r["verdict"] in (FAIL, ERROR)]
+
+    def failure_text(self) -> str:
+        lines = [
+            f"{r['suite']}/{r['case']}/{r['mode']}: {r['metric']}={r['value']} "
+            f"(threshold {r['threshold']}) {r['verdict']}: {r['detail']}"
+            for r in self.failures
+        ]
+        return f"{len(lines)} failing report row(s):\n" + "\n".join(lines)
+
+
+def default_case(item: pytest.Item) -> str:
+    callspec = getattr(item, "callspec", None)
+    return callspec.id if callspec is not None else item.name
+
+
+@pytest.fixture
+def report(request: pytest.FixtureRequest) -> SuiteReport:
+    """The row writer of this test's suite (declared with `pytest.mark.suite("name")`)."""
+    suite = suite_of(request.node)
+    if not suite:
+        raise pytest.UsageError(
+            f"{request.node.nodeid} uses the report fixture but declares no suite: "
+            "add pytestmark = pytest.mark.suite('<name>') to its module"
+        )
+    rep = SuiteReport(request.config.stash[WRITER], suite, request.node.nodeid, default_case(request.node))
+    request.node.stash[REPORT] = rep
+    return rep
+
+
+@pytest.fixture(scope="session")
+def settings(pytestconfig: pytest.Config) -> RunSession:
+    """The run's options (device, size, dtype, target, run_dir, seed), read once."""
+    return pytestconfig.stash[SESSION]
+
+
+@pytest.fixture(scope="session")
+def run_dir(settings: RunSession) -> Path:
+    """This run's directory: results.csv, images and the review page go here (made at the first row)."""
+    return settings.run_dir
+
+
+@pytest.fixture(scope="session")
+def device(settings: RunSession) -> Any:
+    import torch
+
+    return torch.device(settings.device)
+
+
+@pytest.fixture(scope="session")
+def target(settings: RunSession) -> Any:
+    """The implementation under test, resolved from --parity-target (see parity.target)."""
+    from parity.target import load_target
+
+    return load_target(settings.target)
+
+
+@pytest.fixture(autouse=True)
+def fresh_compile_state(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every parity test starts with an empty Dynamo cache: a test that expects "one compile on the
+    first shape" must not pass or fail because of what an earlier test compiled (vllm-omni#7455).
+    Tests marked `keep_compile_cache` (output comparisons only) opt out; tests the plugin does not
+    act on (another project's, in the same environment) are left alone."""
+    if is_parity_test(request.node) and request.node.get_closest_marker("keep_compile_cache") is None:
+        from parity.observe.compile_ledger import reset_compile_state
+
+        reset_compile_state()
+    yield
