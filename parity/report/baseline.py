@@ -123,11 +123,11 @@ def run_config(frame: pd.DataFrame, where: str) -> dict[str, str]:
 
 
 def default_baseline_path(run_dir: str | Path, frame: pd.DataFrame, baseline_dir: Path = BASELINE_DIR) -> Path:
-    """`reports/baselines/<device kind>-<dtype>.csv` for the run in `run_dir`."""
+    """`reports/baselines/<device kind>-<dtype>.csv` (of the working directory) for the run in `run_dir`."""
     config = run_config(frame, str(run_dir))
     info = read_run_info(Path(run_dir)) if Path(run_dir).is_dir() else {}
     kind = device_kind(config["device"], str(info.get("device_name", "")))
-    return Path(baseline_dir) / f"{kind}-{config['dtype']}.csv"
+    return Path(baseline_dir).absolute() / f"{kind}-{config['dtype']}.csv"
 
 
 def baseline_rows(frame: pd.DataFrame) -> pd.DataFrame:
