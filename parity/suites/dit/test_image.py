@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from parity.compare import FAIL, MEASURED, PASS
+from parity.compare import AT_LEAST, MEASURED, threshold_rule
 from parity.compare.images import psnr, ssim, write_png
 from parity.suites.conftest import require_graph_support
 from parity.suites.dit.support import (
@@ -37,7 +37,7 @@ from parity.suites.dit.support import (
 
 pytestmark = pytest.mark.suite("image")
 
-DATA_RANGE = 255.0  # delivered uint8 images (practice.md section 6: declare it, record it)
+DATA_RANGE = 255.0  # delivered uint8 images (docs/images.md §3: declare it, record it)
 
 
 def generate(adapter: Any, models: DiTModels, case: ImageCase, seed_offset: int) -> np.ndarray:
@@ -105,15 +105,14 @@ def judge_pair(
     )
     gate = golden is None  # fp32: the pairwise numbers are the gates
     if gate and threshold.psnr_min_db is not None:
-        ok = p.value >= threshold.psnr_min_db
-        report.record(metric="psnr", value=p.value, threshold=threshold.psnr_min_db, verdict=PASS if ok else FAIL,
-                      detail=f"{pair}; {threshold.reason}", better="higher", **where)
+        report.verdict(threshold_rule(p.value, threshold.psnr_min_db, metric="psnr", at=AT_LEAST, detail=f"{pair}; {threshold.reason}"),
+                       better="higher", **where)
     else:
         report.info(metric="psnr", value=p.value, detail=pair, better="higher", **where)
     if gate and threshold.ssim_min is not None:
-        ok = s.value >= threshold.ssim_min
-        report.record(metric="ssim", value=s.value, threshold=threshold.ssim_min, verdict=PASS if ok else FAIL,
-                      detail=f"{pair}; SSIM Gaussian sigma 1.5 over RGB (channel_axis=-1)", better="higher", **where)
+        report.verdict(threshold_rule(s.value, threshold.ssim_min, metric="ssim", at=AT_LEAST,
+                                      detail=f"{pair}; SSIM Gaussian sigma 1.5 over RGB (channel_axis=-1)"),
+                       better="higher", **where)
     else:
         detail = f"{pair}; SSIM over RGB (channel_axis=-1)"
         report.info(metric="ssim", value=s.value, detail=detail, better="higher", **where)
@@ -125,15 +124,14 @@ def judge_pair(
     floor = psnr(golden_image, comp_image, data_range=DATA_RANGE).value
     cand = psnr(golden_image, cand_image, data_range=DATA_RANGE).value
     bound = floor - threshold.golden_max_drop_db
-    report.record(
-        metric="psnr_vs_golden",
-        value=cand,
-        threshold=bound,
-        verdict=PASS if cand >= bound else FAIL,
-        detail=f"PSNR({golden_path}, {cand_path}) = {cand:.2f} dB; PSNR({golden_path}, {comp_path}) = {floor:.2f} dB "
-        f"minus {threshold.golden_max_drop_db:g} dB; data_range={DATA_RANGE:g}; {threshold.reason}",
+    report.verdict(
+        threshold_rule(
+            cand, bound, metric="psnr_vs_golden", at=AT_LEAST,
+            detail=f"PSNR({golden_path}, {cand_path}) = {cand:.2f} dB; PSNR({golden_path}, {comp_path}) = {floor:.2f} dB "
+            f"minus {threshold.golden_max_drop_db:g} dB; data_range={DATA_RANGE:g}; {threshold.reason}",
+            bound=MEASURED,  # the comparison image's PSNR against the golden, measured in this run
+        ),
         better="higher",
-        bound=MEASURED,  # the comparison image's PSNR against the golden, measured in this run
         **where,
     )
 

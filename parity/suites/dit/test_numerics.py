@@ -59,7 +59,8 @@ def judge(
 
 
 def _magnitude(report: Any, tensor: torch.Tensor, **where: Any) -> None:
-    """|v| of the truth beside the diff: parity of near-zero outputs would be vacuous (spec 6.1)."""
+    """|v| of the truth beside the diff: parity of near-zero outputs would be vacuous
+    (docs/model.md §6, initialisation)."""
     t = tensor.detach().double()
     rms, peak = float(t.pow(2).mean().sqrt()), float(t.abs().max())
     report.info(metric="ref_rms", value=rms, detail=f"max |ref| {peak:.4g}", **where)
