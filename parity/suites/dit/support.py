@@ -154,6 +154,15 @@ def cases_for(table: str, size: str) -> list[Any]:
     return [case for case in CASES[table] if case.size == size]
 
 
+def require_size(table: str, case: Any, size: str) -> None:
+    """A test parametrized over every row of `table` runs the rows of this run's `size`: a row of
+    the other configuration is skipped, and a table without a row for `size` is an error."""
+    if not cases_for(table, size):
+        raise LookupError(f"cases/{CASE_FILE}: no [[{table}]] cases for size {size}")
+    if case.size != size:
+        pytest.skip(f"{case.name} is a {case.size} case; this run builds the {size} models")
+
+
 def lattice_for(size: str) -> RecompileLattice:
     try:
         return CASES["recompiles"][size]

@@ -25,6 +25,7 @@ from parity.compare import AT_LEAST, MEASURED, threshold_rule
 from parity.compare.images import psnr, ssim, write_png
 from parity.suites.conftest import require_graph_support
 from parity.suites.dit.support import (
+    CASES,
     DiTModels,
     ImageCase,
     ImageThreshold,
@@ -32,6 +33,7 @@ from parity.suites.dit.support import (
     compiled_for_comparison,
     image_path,
     image_threshold,
+    require_size,
     text_inputs,
 )
 
@@ -136,29 +138,30 @@ def judge_pair(
     )
 
 
-def test_serving_images_match_reference(dit_models: DiTModels, report, settings, run_dir, golden_images) -> None:
+@pytest.mark.parametrize("case", CASES["image"], ids=[c.name for c in CASES["image"]])
+def test_serving_images_match_reference(case: ImageCase, dit_models: DiTModels, report, settings, run_dir, golden_images) -> None:
     models = dit_models
+    require_size("image", case, models.size)
     threshold = image_threshold(models.dtype)
-    cases = cases_for("image", models.size)
-    assert cases, f"no [[image]] cases for size {models.size}"
-    for case in cases:
-        reference = generate(models.reference, models, case, settings.seed)
-        serving = generate(models.target, models, case, settings.seed)
-        golden = golden_images.get(models, case, settings.seed, run_dir)
-        judge_pair(
-            report,
-            threshold,
-            ("reference", reference, save(run_dir, case, "reference", reference)),
-            ("serving_eager", serving, save(run_dir, case, "serving_eager", serving)),
-            golden,
-            case=case.name,
-            mode="eager",
-            seed=case.seed + settings.seed,
-        )
+    report.case = case.name  # an exception's error row names this case
+    reference = generate(models.reference, models, case, settings.seed)
+    serving = generate(models.target, models, case, settings.seed)
+    golden = golden_images.get(models, case, settings.seed, run_dir)
+    judge_pair(
+        report,
+        threshold,
+        ("reference", reference, save(run_dir, case, "reference", reference)),
+        ("serving_eager", serving, save(run_dir, case, "serving_eager", serving)),
+        golden,
+        case=case.name,
+        mode="eager",
+        seed=case.seed + settings.seed,
+    )
 
 
 def test_compiled_images_match_eager(dit_models: DiTModels, report, settings, run_dir, golden_images) -> None:
-    """The whole sampling loop through regionally compiled blocks (Inductor), one compile for all cases."""
+    """The whole sampling loop through regionally compiled blocks (Inductor), one compile for all
+    cases: they share one test on purpose (the compiled module serves them all, as in serving)."""
     models = dit_models
     adapter = models.target
     require_graph_support(adapter, "compiled")
