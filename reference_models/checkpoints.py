@@ -5,7 +5,7 @@ registered for `kind` in `MAKERS` ("ar" here, "dit" from `dit_checkpoint`; other
 own entry). `random_state_dict(config, seed, device, dtype)` is the in-memory path for full-size
 GPU configurations that should never touch disk.
 
-Init (spec 6.1): seeded normal(0, 0.02) for matrices and embeddings, zero biases, ones for norm
+Init (docs/model.md §9): seeded normal(0, 0.02) for matrices and embeddings, zero biases, ones for norm
 weights. Every tensor draws from its own generator seeded by (seed, tensor name), so a tensor's
 values do not depend on which other tensors exist or their order, and fp32 / bf16 / fp64 copies
 of one seed are roundings of the same fp32 draw.
@@ -39,7 +39,7 @@ def tensor_seed(seed: int, name: str) -> int:
 def init_tensor(
     name: str, shape: tuple[int, ...], kind: str, seed: int, device: torch.device | str, dtype: torch.dtype
 ) -> torch.Tensor:
-    """One tensor under the spec-6.1 rule; `kind` is "normal", "zeros" or "ones"."""
+    """One tensor under the init rule of docs/model.md §9; `kind` is "normal", "zeros" or "ones"."""
     if kind == "zeros":
         return torch.zeros(shape, device=device, dtype=dtype)
     if kind == "ones":

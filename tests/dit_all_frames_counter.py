@@ -1,6 +1,6 @@
 """A broken harness variant, loaded with `-p tests.dit_all_frames_counter` by tests/test_suites_dit.py:
 the DiT suites' compile counter counts every compiled frame instead of the block's `forward`
-(the counter of vllm-omni#7455 before review). The recompile suite must turn red under it."""
+(the counter of vllm-project/vllm-omni#7455 before review). The recompile suite must turn red under it."""
 
 from __future__ import annotations
 

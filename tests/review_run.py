@@ -71,12 +71,12 @@ def writer_for(run_dir: Path) -> ReportWriter:
 
 
 # ---------------------------------------------------------------------------------------------
-# SYNTHETIC ADDITIONS: rows in the conventions of the model suites (issue 9), not measurements.
+# SYNTHETIC ADDITIONS: rows in the conventions of the model suites, not measurements.
 # ---------------------------------------------------------------------------------------------
 
 AR_SITES = [f"layer.{i}" for i in range(6)] + ["logits"]
 DIT_SITES = ["block.noise_refiner.0", "block.context_refiner.0", "block.layers.0", "block.layers.1", "velocity"]
-NUMERICS_BOUND = 1e-5  # practice.md 1.4: eager vs Inductor on CPU at atol = 1e-5
+NUMERICS_BOUND = 1e-5  # docs/tolerances.md §1: eager vs Inductor on CPU at atol = 1e-5
 
 
 def _numerics_rows(case: str, mode: str, sites: list[str], errors: list[float]) -> list[dict]:

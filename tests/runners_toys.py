@@ -50,7 +50,7 @@ class TwoExpertMoE(nn.Module):
     """und / gen expert layer in two dispatch styles.
 
     "blend": graph-safe, both experts on every row, select with `where` on the device (the
-    vllm-omni#9764 fix). "host": the #7318 shape, the expert is chosen on the host from step
+    vllm-project/vllm-omni#9764 fix). "host": the #7318 shape, the expert is chosen on the host from step
     metadata that the engine computes before launching the step (`prepare_step`), so a graph
     captured on the all-zero dummy batch bakes the und expert.
     """

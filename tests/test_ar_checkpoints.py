@@ -33,7 +33,7 @@ def test_random_state_dict_follows_the_init_rule() -> None:
         "model.layers.3.gen_mlp.down_proj.weight",
     ):
         assert abs(state[name].std().item() - 0.02) < 0.002, name  # normal(0, 0.02) on >= 8192 draws
-    # gen experts exactly on layers 2 and 3, three tensors each (spec 2.4: 3 per layer)
+    # gen experts exactly on layers 2 and 3, three tensors each (docs/model.md §4: 3 per layer)
     gen = sorted(n for n in state if ".gen_mlp." in n)
     assert gen == sorted(f"model.layers.{i}.gen_mlp.{p}_proj.weight" for i in (2, 3) for p in ("gate", "up", "down"))
     # reproducible, independent per tensor, and bf16 / fp64 are roundings of the same draw
@@ -196,6 +196,6 @@ def test_fp64_and_bf16_builds(tiny_dir) -> None:
     srv_bf16 = ServingARAdapter.load(tiny_dir, dtype=torch.bfloat16).forward(ids).logits.double()
     ref_err = (ref_bf16 - golden).pow(2).mean().sqrt()
     srv_err = (srv_bf16 - golden).pow(2).mean().sqrt()
-    # practice.md 1.1: the bf16 target's error against the fp64 golden is within 3x the bf16
+    # docs/tolerances.md §2: the bf16 target's error against the fp64 golden is within 3x the bf16
     # reference's own error (torch._dynamo.utils.same's multiplier for bf16), plus tol/10 with tol 1e-2.
     assert 0 < srv_err <= 3 * ref_err + 1e-3, (srv_err, ref_err)

@@ -14,7 +14,7 @@ MOE_ENABLES = {"reference": ref_cfg.moe_enable, "serving": srv_cfg.moe_enable}
 
 
 def moe_enable_violations(moe_enable) -> list[str]:
-    """Every rule of spec 2.4 that `moe_enable` breaks (empty when it follows upstream)."""
+    """Every rule of docs/model.md §4 that `moe_enable` breaks (empty when it follows upstream)."""
     expected = [
         # half-open and 0-based: "ffn-18:36" is on at 18 and 35, off at 17 and 36
         (("ffn-18:36", "ffn", 17), False),

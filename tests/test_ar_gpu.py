@@ -1,7 +1,7 @@
 """The AR backbone under real CUDA graphs, and the full-size (Preview) widths on a GPU.
 
 Negative capture checks run in a fresh interpreter: a failed capture can poison the process's
-CUDA state (practice.md section 4).
+CUDA state (docs/capture-and-compile.md §1).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def test_full_size_bf16_against_fp64_golden() -> None:
     print(
         f"full bf16 rmse vs fp64 golden: reference {ref_err:.4e}, serving {srv_err:.4e}, ratio {srv_err / ref_err:.3f}"
     )
-    # practice.md 1.1: bf16 multiplier 3 (torch._dynamo.utils.same), plus tol/10 with tol 1e-2
+    # docs/tolerances.md §2: bf16 multiplier 3 (torch._dynamo.utils.same), plus tol/10 with tol 1e-2
     assert srv_err <= 3 * ref_err + 1e-3
 
     # decode: a graph captured on zeros replays equal to the eager step (batch 1: both run the

@@ -88,7 +88,7 @@ def test_moe_forward_equals_a_per_row_select() -> None:
     with torch.no_grad():
         routed = ref.moe_forward(x, und, gen, mask)
         select = torch.where(mask[..., None], gen(x), und(x))
-        # GEMMs on row subsets vs all rows: equal up to GEMM-shape rounding (spec 2.5).
+        # GEMMs on row subsets vs all rows: equal up to GEMM-shape rounding (docs/model.md §4).
         torch.testing.assert_close(routed, select)
         assert torch.equal(ref.moe_forward(x, und, gen, torch.zeros_like(mask)), und(x))
         assert torch.equal(ref.moe_forward(x, und, gen, torch.ones_like(mask)), gen(x))

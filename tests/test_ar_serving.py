@@ -1,4 +1,4 @@
-"""The serving port's graph-safety behaviours (spec 5): lookup clamps, capture-aware MoE dispatch,
+"""The serving port's graph-safety behaviours (docs/model.md §4, §5): lookup clamps, capture-aware MoE dispatch,
 fail-closed capture, a capturable decode step, raw input tokens, pipeline tensors, Qwen3 identity."""
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ def test_multimodal_entry_routes_gen_tokens_only_with_raw_tokens(serving, monkey
     ids = mixed_ids()
     embeds = serving.embed(ids)
     assert torch.equal(serving.forward_multimodal(embeds, ids).logits, serving.forward(ids).logits)
-    monkeypatch.setattr(serving.module, "requires_raw_input_tokens", False)  # vllm-omni#9851
+    monkeypatch.setattr(serving.module, "requires_raw_input_tokens", False)  # vllm-project/vllm-omni#9851
     dropped = serving.forward_multimodal(embeds, ids).logits
     assert torch.equal(dropped, serving.forward(inputs_embeds=embeds).logits)
     assert not torch.allclose(dropped, serving.forward(ids).logits)

@@ -12,6 +12,7 @@ import torch._dynamo
 from torch._dynamo import convert_frame
 
 from parity.observe.compile_ledger import (
+    TESTED_TORCH_VERSIONS,
     CompileLedger,
     CompileWatchUnavailable,
     code_of,
@@ -53,7 +54,7 @@ def test_sizes_zero_and_one_compile_again_even_with_dynamic_true():
     # 5: first compile, symbolic in the size; 6, 7: reuse it; 1 and 0: Dynamo specializes sizes 0
     # and 1 even with dynamic=True ("The Zero-One Specialization Problem"), one compile each;
     # 8: back on the symbolic graph. Same table as measured on an H200 with torch 2.11
-    # (spec/practice.md section 3).
+    # (docs/capture-and-compile.md §3).
     assert counts == [1, 1, 1, 2, 3, 3]
     reasons = ledger.recompile_reasons(scale)
     assert len(reasons) == 2
@@ -158,7 +159,7 @@ def test_fail_on_recompile_reason_reaches_the_ledger():
 
 
 def test_cache_bleed_hides_a_compile_unless_state_is_reset():
-    """vllm-omni#7455: two tests compiling the same code object share Dynamo's cache."""
+    """vllm-project/vllm-omni#7455: two tests compiling the same code object share Dynamo's cache."""
     compiled = torch.compile(scale, backend="eager", dynamic=True)
     compiled(torch.randn(4))  # "an earlier test"
     with CompileLedger() as ledger:
@@ -196,6 +197,23 @@ def test_ledgers_nest_and_the_patches_come_off():
     assert convert_frame._compile is original
     assert outer.compiles(scale) == 1 and outer.compiles(shape_branch) == 1
     assert inner.compiles(scale) == 0 and inner.compiles(shape_branch) == 1
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    major, minor, *_ = version.split("+")[0].split(".")
+    return int(major), int(minor)
+
+
+def test_the_running_torch_is_one_the_private_hooks_were_tested_on():
+    """The ledger wraps private Dynamo functions that may change in any release: a torch outside
+    TESTED_TORCH_VERSIONS fails here until these tests have been run on it and it is added."""
+    assert _major_minor("2.13.0+cpu") == (2, 13) and _major_minor("2.11.0+cu130") == (2, 11)
+    assert _major_minor("2.14.0a0+git1234") not in TESTED_TORCH_VERSIONS  # a newer torch goes red
+    assert _major_minor(torch.__version__) in TESTED_TORCH_VERSIONS, (
+        f"torch {torch.__version__} is not in parity.observe.compile_ledger.TESTED_TORCH_VERSIONS "
+        f"{TESTED_TORCH_VERSIONS}: run tests/test_compile_watch_ledger.py on it, then add it there and "
+        "to docs/capture-and-compile.md §4"
+    )
 
 
 def test_missing_private_api_is_a_clear_error(monkeypatch):

@@ -1,4 +1,4 @@
-"""Regional compile of `_repeated_blocks`, counted per code object (the seed-002 defects)."""
+"""Regional compile of `_repeated_blocks`, counted per code object (the defects of vllm-project/vllm-omni#7455)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_compiles_every_declared_block_once_per_block_kind():
 
 
 def test_empty_repeated_blocks_compiles_zero_block_frames_and_says_so():
-    """vllm-omni#7455: with `_repeated_blocks` empty the runner skipped compile, and a test that
+    """vllm-project/vllm-omni#7455: with `_repeated_blocks` empty the runner skipped compile, and a test that
     counted all frames still passed because the activation compiled on its own."""
     model = TowerWithoutBlocks()
     with CompileLedger() as ledger:

@@ -1,4 +1,4 @@
-"""DiT checkpoints: upstream names, spec-6.1 init, round trip, sharding, loading errors."""
+"""DiT checkpoints: upstream names, the init of docs/model.md §9, round trip, sharding, loading errors."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def test_init_overrides_upstream_zero_inits_and_is_bf16_exact():
         else:
             assert value.std() > 0.01, name  # no zero init (adaLN, norm_out included)
         assert torch.equal(value, value.to(torch.bfloat16).float()), name
-    # Matrices: std 1/sqrt(fan_in) by default; matrix_std=0.02 is the literal spec-6.1 rule.
+    # Matrices: std 1/sqrt(fan_in) by default; matrix_std=0.02 is the AR backbone's rule.
     assert state["layers.0.attn.to_q.weight"].std().item() == pytest.approx(96**-0.5, rel=0.05)
     literal = random_state_dict(tiny_config(), 0, matrix_std=0.02)
     assert literal["layers.0.attn.to_q.weight"].std().item() == pytest.approx(0.02, rel=0.05)

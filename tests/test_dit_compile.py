@@ -4,9 +4,9 @@ What the `recompiles` suite will do, checked here on the CPU: every submodule wh
 is in `model._repeated_blocks` gets `forward = torch.compile(forward, fullgraph=True,
 dynamic=True)`; compilations of the block's `forward` code object are counted by wrapping
 `torch._dynamo.convert_frame._compile` (library frames compile on their own, so an all-frames
-counter would pass with regional compile switched off: vllm-omni#7455).
+counter would pass with regional compile switched off: vllm-project/vllm-omni#7455).
 
-Expected counts (spec §5, invariants 11-12) and what was measured:
+Expected counts (docs/model.md §7) and what was measured:
 * warm-up (32x32 latents, 4 text tokens, CFG on): 2 = one per block kind (the `norm1` type
   guard: RMSNorm in the context refiner, LuminaRMSNormZero elsewhere);
 * then none across 32x32, 32x64, 64x32, 48x48 latents x text lengths {0, 4, 77} x CFG on/off;
@@ -41,7 +41,7 @@ SIZES = [(32, 32), (32, 64), (64, 32), (48, 48)]
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    # Tests compiling the same code object share Dynamo's cache (vllm-omni#7455): reset both ways.
+    # Tests compiling the same code object share Dynamo's cache (vllm-project/vllm-omni#7455): reset both ways.
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -151,7 +151,7 @@ def test_catches_the_context_refiner_run_on_empty_text(counter):
 
 
 def test_catches_the_skip_moved_back_into_the_block(counter, monkeypatch):
-    """Mutant (vllm-omni#7455): `if sequence_length == 0` inside the block guards on a backed
+    """Mutant (vllm-project/vllm-omni#7455): `if sequence_length == 0` inside the block guards on a backed
     size, so the first zero-token stream compiles a second graph of the block."""
     original = TransformerBlock.forward
 

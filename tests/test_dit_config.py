@@ -1,4 +1,4 @@
-"""DiT configurations: the spec's shapes, the head_dim == sum(axes) invariant, JSON I/O."""
+"""DiT configurations: the shapes of docs/model.md §9, the head_dim == sum(axes) invariant, JSON I/O."""
 
 from __future__ import annotations
 

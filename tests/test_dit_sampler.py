@@ -21,7 +21,7 @@ def test_time_shift_by_hand(sampler):
     torch.testing.assert_close(
         sampler.flow_match_timesteps(4, 32, 32), torch.tensor(expected), atol=1e-7, rtol=1e-6
     )
-    # 1024^2 pixels = 128x128 latents: m = 3.2 (spec 4.5); t = 0.5 -> 0.5 / 2.1.
+    # 1024^2 pixels = 128x128 latents: m = 3.2 (docs/model.md §8); t = 0.5 -> 0.5 / 2.1.
     times = sampler.flow_match_timesteps(2, 128, 128)
     torch.testing.assert_close(times, torch.tensor([0.0, 0.5 / 2.1, 1.0]), atol=1e-7, rtol=1e-6)
     # Non-square: 32x64 -> m = sqrt(2048)/40.

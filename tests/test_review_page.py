@@ -1,5 +1,6 @@
 """index.html from a real tiny run: every link and image exists, sections in review order, failing
-rows first, escaping, and a note (not a crash) for every absent suite."""
+rows first, escaping, suites discovered from the rows (a suite-specific view only when its suite
+has rows, any suite name listed), and no crash on absent suites or files."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from urllib.parse import unquote, urlsplit
 
 from parity.report import read_results
 from parity.report.review import load_review
-from parity.report.page import split_metric, NO_ROWS, PAGE_FILE, write_page
+from parity.report.page import PAGE_FILE, SUITE_VIEWS, split_metric, write_page
 from tests.review_run import TinyRun, copy_run, write_rows, writer_for
 
 SECTION_ORDER = ("summary", "baseline", "numerics", "recompiles", "images", "routing", "sensitivity", "rows", "environment")
+VIEW_ANCHORS = tuple(view.anchor for view in SUITE_VIEWS)
 
 
 class PageParser(HTMLParser):
@@ -160,7 +162,17 @@ def test_failing_rows_come_first_and_text_is_escaped(tiny_run: TinyRun, tmp_path
     assert broken_references(run_dir) == []
 
 
-def test_absent_suites_and_files_get_a_note_not_a_crash(tiny_run: TinyRun, tmp_path: Path) -> None:
+def _sections(text: str) -> list[str]:
+    return re.findall(r'<section id="([^"]+)">', text)
+
+
+def _nav_links(text: str) -> list[str]:
+    nav = re.search(r"<nav>(.*?)</nav>", text, re.S).group(1)
+    return re.findall(r'href="#([^"]+)"', nav)
+
+
+def test_absent_suites_leave_out_their_views_without_a_crash(tiny_run: TinyRun, tmp_path: Path) -> None:
+    """A run of the self-checks alone: no suite-specific view, and no link to one; files missing too."""
     run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
     frame = read_results(run_dir)
     write_rows(run_dir, frame[frame["suite"] == "selfcheck"])
@@ -170,9 +182,30 @@ def test_absent_suites_and_files_get_a_note_not_a_crash(tiny_run: TinyRun, tmp_p
     page = rebuild(run_dir)
     assert dict(page.tables["environment"][1:])["rows: torch_version"]
     text = (run_dir / PAGE_FILE).read_text()
-    for anchor in ("numerics", "recompiles", "images", "routing", "sensitivity"):
-        section = re.search(rf'<section id="{anchor}">(.*?)</section>', text, re.S).group(1)
-        assert NO_ROWS in section, anchor
+    assert _sections(text) == ["summary", "baseline", "rows", "environment"]
+    links = _nav_links(text)
+    assert not set(VIEW_ANCHORS) & set(links) and "rows-selfcheck" in links
+    assert [row[0] for row in page.tables["summary-table"][1:]] == ["selfcheck"]
+    assert broken_references(run_dir) == []
+
+
+def test_suites_come_from_the_rows(tiny_run: TinyRun, tmp_path: Path) -> None:
+    """A suite the page has never heard of is listed (summary, navigation, all rows); a view appears
+    as soon as its suite has rows, and only then."""
+    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
+    frame = read_results(run_dir)
+    write_rows(run_dir, frame[frame["suite"].isin(["selfcheck", "routing"])])
+    writer_for(run_dir).write_many(
+        [dict(suite="my_new_suite", case="case-a", metric="widgets_out_of_place", value=0, threshold=0, verdict="pass")]
+    )
+    page = rebuild(run_dir)
+    text = (run_dir / PAGE_FILE).read_text()
+    assert _sections(text) == ["summary", "baseline", "routing", "rows", "environment"]
+    assert {row[0] for row in page.tables["summary-table"][1:]} == {"selfcheck", "routing", "my_new_suite"}
+    links = _nav_links(text)
+    assert {"rows-my_new_suite", "rows-routing", "rows-selfcheck", "routing"} <= set(links)
+    assert not {"numerics", "recompiles", "images", "sensitivity"} & set(links)
+    assert 'id="rows-my_new_suite"' in text
     assert broken_references(run_dir) == []
 
 

@@ -1,4 +1,4 @@
-"""Consumers of routed ids (§4-§6): EPLB remap, the per-expert load counter and the expert apply,
+"""Consumers of routed ids (docs/routing.md §4-§6): EPLB remap, the per-expert load counter and the expert apply,
 each treating -1 as "no route"; reference and serving side by side, plus their mutants."""
 
 from __future__ import annotations

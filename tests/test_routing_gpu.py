@@ -18,7 +18,7 @@ from tests.noise_checks import routing_tie_flips
 pytestmark = pytest.mark.gpu
 
 CAPACITY, NUM_EXPERTS = 64, 256
-# moe_routing.md §2: cross-implementation weight bound (ATOM / vLLM top-k tests).
+# docs/routing.md §2: cross-implementation weight bound (ATOM / vLLM top-k tests).
 WEIGHT_ATOL = 2e-5
 
 CASES = {
@@ -130,7 +130,7 @@ HOST_READ_CAPTURE = textwrap.dedent(
 
 
 def test_host_read_count_fails_cuda_capture():
-    # A fresh process: a failed capture poisons the CUDA context (practice.md §4).
+    # A fresh process: a failed capture poisons the CUDA context (docs/capture-and-compile.md §1).
     repo_root = Path(__file__).resolve().parents[1]
     done = subprocess.run(
         [sys.executable, "-c", HOST_READ_CAPTURE], cwd=repo_root, capture_output=True, text=True, timeout=300

@@ -1,6 +1,6 @@
-"""Each routing rule of moe_routing.md on hand-built rows, for the reference and the serving router.
+"""Each routing rule of docs/routing.md on hand-built rows, for the reference and the serving router.
 
-Expected ids are written out by hand from the spec, never computed by either router, so the two
+Expected ids are written out by hand from the rules, never computed by either router, so the two
 routers are each checked against the rules and not only against one another.
 """
 
@@ -28,7 +28,7 @@ def rows(*values) -> torch.Tensor:
 
 
 def assert_contract(result, rows_: int, width: int) -> None:
-    """R7 / §9 family 11: a NamedTuple (weights, ids), int32 ids, fp32 weights, [T, k + S]."""
+    """The contract (docs/routing.md §1 and R7): a NamedTuple (weights, ids), int32 ids, fp32 weights, [T, k + S]."""
     assert result._fields == ("weights", "ids")
     weights, ids = result
     assert ids.dtype == torch.int32 and weights.dtype == torch.float32
@@ -72,7 +72,7 @@ def test_integer_valued_logits_keep_their_order(router):
 
 def test_selection_key_is_the_logit_not_the_probability(router):
     # exp(-200) and exp(-200.5) both underflow to 0 in fp32: a probability key would tie them and
-    # take the lower id (1); the logit key takes expert 2 (§2).
+    # take the lower id (1); the logit key takes expert 2 (docs/routing.md §2).
     logits = rows([0.0, -200.5, -200.0, -300.0])
     assert router.select_experts(logits, 2, renormalize=True).ids.tolist() == [[0, 2]]
 
@@ -128,7 +128,7 @@ def test_all_nan_and_all_minus_inf_rows_route_nowhere(router):
         assert result.weights[:, :2].tolist() == [[0.0, 0.0]] * 3
 
 
-# ---- §2 / §3 weights ----------------------------------------------------------------------------
+# ---- docs/routing.md §2 and §3: weights -------------------------------------------------------------
 
 
 def test_softmax_weights(router):
@@ -179,13 +179,13 @@ def test_fp64_golden_weights():
         assert 0 < error < 1e-6, error  # fp32 rounding of these formulas is ~1e-7; 0 would mean no fp64
 
 
-# ---- §3 grouped selection -----------------------------------------------------------------------
+# ---- docs/routing.md §3 grouped selection --------------------------------------------------------
 
 
 def test_dropped_groups_are_minus_inf_not_zero(router):
     # 4 groups of 2; biases are < -1, so every key σ(x) + b is negative. Group 0 has the best
     # top-2 sum; a 0.0 mask would make every dropped expert (key 0.0) beat group 0's own second
-    # expert, which is the sglang#3705 / vllm#13474 bug.
+    # expert, which is the sgl-project/sglang#3705 / vllm-project/vllm#13474 bug.
     logits = rows([4.0, 3.0, 0.0, 0.0, -1.0, -1.0, -2.0, -2.0])
     bias = -torch.tensor([1.1, 1.9, 1.5, 1.5, 1.2, 1.2, 1.3, 1.3])
     result = router.select_experts(
@@ -240,7 +240,7 @@ def test_softmax_scored_groups_use_the_group_max(router):
     assert result.ids.tolist() == [[6, 1]]  # groups 3 (max 6) and 0 (max 5) kept
 
 
-# ---- §4 pad rows, §5 shared columns -------------------------------------------------------------
+# ---- docs/routing.md §4 and §5: pad rows, shared columns ----------------------------------------------
 
 
 def check_pad_rows(router) -> None:

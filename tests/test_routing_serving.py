@@ -15,7 +15,7 @@ from tests.noise_checks import routing_tie_flips
 
 NAN = float("nan")
 
-# moe_routing.md §2: weights of two implementations agree within |Δw| <= 2e-5 (the ROCm/ATOM and
+# docs/routing.md §2: weights of two implementations agree within |Δw| <= 2e-5 (the ROCm/ATOM and
 # vLLM top-k test bound); ids must be equal.
 WEIGHT_ATOL = 2e-5
 

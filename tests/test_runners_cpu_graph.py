@@ -54,7 +54,7 @@ def test_python_branch_is_baked_at_capture():
 
 
 def test_host_branch_dispatch_bakes_the_dummy_batch_expert_7318():
-    """vllm-omni#7318: captured on all-zero ids, a host-decided dispatch replays the und expert
+    """vllm-project/vllm-omni#7318: captured on all-zero ids, a host-decided dispatch replays the und expert
     for a batch of gen tokens; the taps show which expert the graph actually used."""
     moe = TwoExpertMoE("host")
     ids = torch.full((3,), GEN_START + 1)
@@ -79,7 +79,7 @@ def test_host_branch_dispatch_bakes_the_dummy_batch_expert_7318():
 
 
 def test_graph_safe_blend_captured_on_zeros_routes_gen_rows():
-    """The fix of vllm-omni#9764 (both experts, `where` on the device) replays per-token routing."""
+    """The fix of vllm-project/vllm-omni#9764 (both experts, `where` on the device) replays per-token routing."""
     moe = TwoExpertMoE("blend")
     ids = torch.tensor([0, GEN_START, 3, GEN_START + 5])
     x = torch.randn(4, WIDTH, generator=torch.Generator().manual_seed(3))

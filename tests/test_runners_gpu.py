@@ -132,7 +132,7 @@ def test_compiled_cuda_graph_matches_eager():
     with torch.no_grad():
         expected = module(x)
     # Inductor fuses the pointwise tail (silu, add): 1e-5 as for eager vs Inductor on the CPU
-    # (spec/practice.md 1.4); the matmuls are the same cuBLAS calls.
+    # (docs/tolerances.md §1); the matmuls are the same cuBLAS calls.
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert ledger.compiles(BranchFree.forward) == 1  # compiled during warm-up, not per replay
     assert ledger.calls(BranchFree.forward) == 4  # 3 warm-ups + the capture; replays run no Python

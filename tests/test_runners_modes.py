@@ -64,7 +64,7 @@ def test_compiled_mode_with_inductor_matches_eager():
     with torch.no_grad():
         expected = module(x)
     # Inductor fuses the pointwise tail (silu, add) and may contract to FMAs: 1e-5, as vllm-omni's
-    # DiT parity test uses for eager vs Inductor on the CPU (spec/practice.md 1.4).
+    # DiT parity test uses for eager vs Inductor on the CPU (docs/tolerances.md §1).
     torch.testing.assert_close(prepared(x).output, expected, rtol=1e-5, atol=1e-5)
 
 

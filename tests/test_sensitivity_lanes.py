@@ -33,7 +33,7 @@ def test_every_mutant_declares_every_lane(name: str) -> None:
         text = " ".join(kill.tests)
         # A CPU-lane selection of cuda_graph tests (or the reverse) selects tests that skip on that
         # lane: the mutant would survive there for want of a test (the three GPU-lane survivors of
-        # issue 14: host-branch, replay-without-copy-in, moe ranges).
+        # the host-branch, replay-without-copy-in, moe ranges).
         assert OTHER_LANE_GRAPH_MODE[lane] not in text, f"{name} on {lane}: selects {text!r}"
 
 

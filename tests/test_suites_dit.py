@@ -107,7 +107,7 @@ def _first_warm_up_point(target, checkpoint: Path) -> tuple[CompileLedger, list]
 
 
 def test_an_all_frames_counter_misses_emptied_repeated_blocks(tiny_checkpoint: Path) -> None:
-    """vllm-omni#7455: with `_repeated_blocks = []` something else still compiles its own frame,
+    """vllm-project/vllm-omni#7455: with `_repeated_blocks = []` something else still compiles its own frame,
     so "did the first shape compile?" answered from all frames says yes; per code object, no."""
     ledger, codes = _first_warm_up_point(mutants_dit.repeated_blocks_emptied(), tiny_checkpoint)
     assert ledger.compiles() >= 1  # all frames: the seed's `assert count >= 1` passes

@@ -107,7 +107,7 @@ class ScaledWeights(ServingRouter):
 
 
 class NanToZero(ServingRouter):
-    """Non-finite logits clamped to 0 before routing (the vLLM behaviour of moe_routing.md §7)."""
+    """Non-finite logits clamped to 0 before routing (the vLLM behaviour of docs/routing.md §7)."""
 
     def select_experts(self, logits, k, **options):
         return super().select_experts(torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0), k, **options)
@@ -157,7 +157,7 @@ def test_grid_catches_a_swapped_pair_and_wrong_weights() -> None:
     assert gate_verdicts(rows, "contract_violations") == {FAIL}
     rows = support.grid_rows(ScaledWeights(1 + 1e-4), GRID_FP32, CPU, seed=1)  # up to 2.5e-4 off
     assert gate_verdicts(rows, "weight_max_abs") == {FAIL} and gate_verdicts(rows, "ids_mismatch") == {PASS}
-    # 4e-6 relative: inside §2's 2e-5, but far noisier than the fp32 reference against fp64.
+    # 4e-6 relative: inside the 2e-5 of docs/routing.md §2, but far noisier than the fp32 reference against fp64.
     rows = support.grid_rows(ScaledWeights(1 + 4e-6), GRID_FP32, CPU, seed=1)
     assert gate_verdicts(rows, "weight_max_abs") == {PASS} and gate_verdicts(rows, "rmse_vs_golden") == {FAIL}
 

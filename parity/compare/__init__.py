@@ -11,18 +11,29 @@ diverging layer is the first failing leaf. Two rules turn a diff into a `Verdict
   times the eager reference's RMSE against the same golden, plus a floor (`tol / 10`): the rule of
   `torch._dynamo.utils.same`. Its bound is *measured* (`Verdict.bound`), not a policy.
 
+Scalar checks go through `count_rule`, `threshold_rule`, `flag_rule` and `equality_rule`, so
+every suite row's value, threshold and verdict come from one place.
+
 Non-finite values never raise: they give a `fail` verdict whose detail says "non-finite".
 """
 
 from parity.compare.diff import TensorDiff, TreeDiff, compare, diff, flatten, ulp_distance
 from parity.compare.rules import (
+    AT_LEAST,
+    AT_MOST,
+    BETTER,
+    EXACTLY,
     NoiseFloor,
     allclose_rule,
     classify_decision,
+    count_rule,
     dtype_spacing,
+    equality_rule,
+    flag_rule,
     noise_floor_multiplier,
     noise_floor_rule,
     rmse,
+    threshold_rule,
 )
 from parity.compare.verdict import (
     BOUND_KINDS,
@@ -40,6 +51,7 @@ from parity.compare.verdict import (
 )
 
 __all__ = [
+    "AT_LEAST", "AT_MOST", "BETTER", "EXACTLY", "count_rule", "equality_rule", "flag_rule", "threshold_rule",
     "BOUND_KINDS", "ERROR", "EXACT", "FAIL", "FIXED", "MEASURED", "NOT_APPLICABLE", "PASS", "TIE_FLIP", "VERDICTS",
     "NoiseFloor", "TensorDiff", "Tolerance", "TreeDiff", "Verdict",
     "allclose_rule", "classify_decision", "compare", "diff", "dtype_spacing", "flatten", "noise_floor_multiplier",

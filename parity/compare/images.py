@@ -1,8 +1,8 @@
 """Image metrics with an explicit, recorded data range, and PNG writing.
 
 scikit-image infers `data_range` from the *reference* image when it is not given (1 if its minimum
-is >= 0, else 2), so the same pair scores 40.1 or 46.1 dB depending on one pixel (practice.md
-section 6). Here `data_range` is a required argument and is returned with the score, so it lands in
+is >= 0, else 2), so the same pair scores 40.1 or 46.1 dB depending on one pixel
+(docs/images.md §1). Here `data_range` is a required argument and is returned with the score, so it lands in
 the report row. Identical images are reported as `inf` without numpy's divide-by-zero warning.
 """
 

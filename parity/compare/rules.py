@@ -7,6 +7,18 @@
 * `classify_decision`: a differing top-1 (or k-th) decision is a `tie_flip` when its margin is
   inside the compared dtype's spacing at that magnitude, else a `fail`.
 
+Rules for numbers that are not tensors (every suite writes its verdicts through one of them, so a
+row's value, threshold and verdict always agree):
+
+* `count_rule`: a count held to a policy: at most, at least or exactly N (mismatched tokens at
+  most 0, new compiles exactly the expected number, modules compiled at least 1).
+* `threshold_rule`: a measured number (a PSNR, an error, a distance) at most or at least a bound,
+  fixed or measured; NaN never passes.
+* `flag_rule`: a yes/no property (an attribute present, a capture refused), recorded as 1 or 0
+  against 1.
+* `equality_rule`: two values that must be equal (the layers a config enables), recorded as 1 or
+  0 against 1 with both values in the detail.
+
 docs/tolerances.md derives each rule and says where it applies.
 """
 
@@ -14,11 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+from typing import Any, Literal
 
 import torch
 
 from parity.compare.diff import diff
-from parity.compare.verdict import FAIL, MEASURED, PASS, TIE_FLIP, Tolerance, Verdict
+from parity.compare.verdict import BOUND_KINDS, FAIL, FIXED, MEASURED, PASS, TIE_FLIP, Tolerance, Verdict
 
 
 def allclose_rule(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance, *, name: str = "output") -> Verdict:
@@ -106,8 +120,88 @@ def dtype_spacing(value: torch.Tensor | float, dtype: torch.dtype) -> torch.Tens
 def classify_decision(margin: float, magnitude: float, dtype: torch.dtype, spacings: float = 2.0) -> str:
     """`tie_flip` when a differing top-1 (or k-th vs k+1-th) decision's margin is inside the noise.
 
-    The margin is compared with `spacings` ULPs of `dtype` at the decision's magnitude (practice.md
-    section 2: spacing scales with magnitude, so a fixed gap misfires on large logits).
+    The margin is compared with `spacings` ULPs of `dtype` at the decision's magnitude (docs/tolerances.md §3:
+    spacing scales with magnitude, so a fixed gap misfires on large logits).
     """
     noise = spacings * float(dtype_spacing(magnitude, dtype))
     return TIE_FLIP if margin <= noise else FAIL
+
+
+# ---------------------------------------------------------------------------------------------
+# Rules for scalar checks: counts, thresholds, yes/no properties, equalities
+# ---------------------------------------------------------------------------------------------
+
+AT_MOST, AT_LEAST, EXACTLY = "at_most", "at_least", "exactly"
+Direction = Literal["at_most", "at_least", "exactly"]
+# The report's `better` column for each direction (how a baseline comparison reads the value).
+BETTER = {AT_MOST: "lower", AT_LEAST: "higher", EXACTLY: "equal"}
+_WORDS = {AT_MOST: "at most", AT_LEAST: "at least", EXACTLY: "exactly"}
+
+
+def _holds(value: float, threshold: float, at: str) -> bool:
+    if at == AT_MOST:
+        return value <= threshold
+    if at == AT_LEAST:
+        return value >= threshold
+    if at == EXACTLY:
+        return value == threshold
+    raise ValueError(f"at must be one of {AT_MOST!r}, {AT_LEAST!r}, {EXACTLY!r}, got {at!r}")
+
+
+def count_rule(value: int, threshold: int, *, metric: str, at: Direction = AT_MOST, detail: str = "") -> Verdict:
+    """A count held to a policy: `value` at most, at least or exactly `threshold`.
+
+    Counts are integers (a bool is refused: use `flag_rule`), so the verdict needs no tolerance.
+    """
+    for name, number in (("value", value), ("threshold", threshold)):
+        if isinstance(number, bool) or not isinstance(number, numbers.Integral):
+            raise TypeError(f"count_rule({metric}): {name} must be an int count, got {type(number).__name__} {number!r}")
+    verdict = PASS if _holds(value, threshold, at) else FAIL
+    return Verdict(verdict, metric, int(value), int(threshold), detail, FIXED)
+
+
+def threshold_rule(
+    value: float,
+    threshold: float,
+    *,
+    metric: str,
+    at: Literal["at_most", "at_least"] = AT_MOST,
+    detail: str = "",
+    bound: str = FIXED,
+) -> Verdict:
+    """A measured number against a bound, inclusive: `value <= threshold` (`at_most`) or `>=`.
+
+    `bound` says how the threshold was set (`fixed` policy or `measured` in this run). A NaN value
+    or threshold never passes (its detail says "non-finite"); +inf passes `at_least` (identical
+    images have PSNR inf) and fails `at_most`.
+    """
+    if at == EXACTLY:
+        raise ValueError(f"threshold_rule({metric}): 'exactly' is for counts (count_rule); a float needs a tolerance")
+    if bound not in BOUND_KINDS[:2]:
+        raise ValueError(f"threshold_rule({metric}): bound must be {FIXED!r} or {MEASURED!r}, got {bound!r}")
+    value, threshold = float(value), float(threshold)
+    if math.isnan(value) or math.isnan(threshold):
+        text = f"non-finite: {metric}={value} against {_WORDS[at]} {threshold}"
+        return Verdict(FAIL, metric, value, threshold, f"{text}; {detail}" if detail else text, bound)
+    verdict = PASS if _holds(value, threshold, at) else FAIL
+    return Verdict(verdict, metric, value, threshold, detail, bound)
+
+
+def flag_rule(ok: bool, *, metric: str, detail: str = "", value: float | None = None, threshold: float = 1) -> Verdict:
+    """A yes/no property (an attribute present, a capture refused, a phrase in a message).
+
+    The row holds 1 / 0 against 1 unless `value` names the number the property was read from
+    (e.g. the gen expert's call count when the property is "both experts ran").
+    """
+    if isinstance(ok, (numbers.Number, str)) and not isinstance(ok, bool):
+        # a count or a message is not a yes/no answer: count_rule / threshold_rule say what they hold
+        raise TypeError(f"flag_rule({metric}): ok must be a bool, got {type(ok).__name__} {ok!r}")
+    ok = bool(ok)
+    return Verdict(PASS if ok else FAIL, metric, int(ok) if value is None else value, threshold, detail, FIXED)
+
+
+def equality_rule(got: Any, expected: Any, *, metric: str, detail: str = "") -> Verdict:
+    """Two values that must be equal (lists, ids, names): 1 / 0 against 1, both values in the detail."""
+    equal = bool(got == expected)
+    text = f"got {got!r}, expected {expected!r}"
+    return Verdict(PASS if equal else FAIL, metric, int(equal), 1, f"{detail}: {text}" if detail else text, FIXED)

@@ -3,7 +3,7 @@
 A model lists the class names of its repeated blocks in `_repeated_blocks` (diffusers' convention,
 used by vllm-omni's DiT runner). A runner that finds the list missing or empty logs "Regional
 compilation skipped" and runs everything eagerly, so images match eager bit for bit and every
-parity test passes without testing compile (vllm-omni#7455). Here the count of compiled modules
+parity test passes without testing compile (vllm-project/vllm-omni#7455). Here the count of compiled modules
 is the result, and zero is a row with verdict `fail`, never a log line.
 """
 

@@ -2,7 +2,7 @@
 
 A serving port can load every tensor of a checkpoint and still never use some of them: the
 MammothModa2 generation expert shipped 42 `gen_mlp.*` tensors that loaded cleanly and were never
-called (vllm-omni#9764). Loading checks cannot see that; watching the forward can. `WeightReads`
+called (vllm-project/vllm-omni#9764). Loading checks cannot see that; watching the forward can. `WeightReads`
 is a `TorchDispatchMode` that records every parameter whose storage an aten op touches, and a name
 map attributes each parameter to the checkpoint tensors it was loaded from (a fused `gate_up_proj`
 reads both `gate_proj` and `up_proj`).

@@ -1,18 +1,23 @@
 """`index.html`: one static page per run directory that a reviewer opens from disk.
 
 In order: what failed (the per-suite summary and the failing rows), what changed against the
-baseline, where numerics diverged (error by layer / block), what recompiled and why, what the images
-look like (PSNR / SSIM, the images side by side, difference heat maps), the routing audit, the
-sensitivity (mutant) table, every suite's rows (failing rows first) and the environment.
+baseline, then one view per suite that has one and has rows in this run (where numerics diverged,
+what recompiled and why, what the images look like, the routing audit, the sensitivity table),
+every suite's rows (failing rows first) and the environment.
+
+The suites come from the rows: the summary, the navigation and "All rows by suite" list every
+suite found in `results.csv`, whatever its name, so a new suite needs no change here. A suite-
+specific view (`SUITE_VIEWS`) is drawn only when its suite has rows in the run; without them the
+view is left out, not shown empty.
 
 The page links only to files inside the run directory (relative paths: `results.csv`, `run.json`,
 `images/...`, and the figures it writes under `review/`), loads nothing from the network and
-needs no server. Every piece of text from the rows is escaped with `html.escape`. A suite without
-rows gets a one-line note instead of its section's content.
+needs no server. Every piece of text from the rows is escaped with `html.escape`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 import numbers
@@ -36,7 +41,6 @@ IMAGES_DIR = "images"  # PNGs a suite writes: images/<case>/<variant>.png
 VARIANT_ORDER = ("reference", "serving_eager", "serving_compiled")
 MAX_TABLE_ROWS = 3000  # beyond this a table points at results.csv instead of bloating the page
 _SEVERITY = {NOT_APPLICABLE: -1, PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
-NO_ROWS = "no rows for this suite in this run"
 
 ROW_COLUMNS = ("verdict", "case", "mode", "site", "metric", "value", "threshold", "better", "kind", "detail")
 
@@ -174,8 +178,12 @@ class Assets:
         return path.relative_to(self.run_dir).as_posix()
 
 
-def _suite(review: Review, name: str) -> pd.DataFrame:
-    return review.frame[review.frame["suite"] == name]
+def suites_in(frame: pd.DataFrame) -> list[str]:
+    """The suites that have rows in this run, failing suites first, then by name."""
+    if frame.empty:
+        return []
+    names = frame["suite"].unique()
+    return sorted(names, key=lambda s: (-_SEVERITY.get(_gate_verdict(frame[frame["suite"] == s]), 0), s))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,10 +287,7 @@ def _first_divergence(rows: pd.DataFrame) -> pd.DataFrame:
     return failing_first(frame.assign(kind="gate", value=math.nan, threshold=math.nan, better="")) if not frame.empty else frame
 
 
-def numerics_section(review: Review, assets: Assets) -> str:
-    rows = _suite(review, "numerics")
-    if rows.empty:
-        return section("numerics", "Numerics: where it diverged", note(NO_ROWS))
+def numerics_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
     body = ["<h3>First diverging site per case</h3>"]
     body.append(table(_first_divergence(rows), ("case", "mode", "verdict", "first_failing_site", "at_first_failure", "nearest_to_bound"), table_id="numerics-divergence"))
     sited = rows[rows["site"] != ""]
@@ -305,7 +310,7 @@ def numerics_section(review: Review, assets: Assets) -> str:
             f'<figure><img src="{href(assets.relative(path))}" alt="{esc(family.title)}">'
             f"<figcaption>{esc(text)}{esc('; ' + caption) if caption else ''}</figcaption></figure>"
         )
-    return section("numerics", "Numerics: where it diverged", "\n".join(body))
+    return "\n".join(body)
 
 
 # Ledger metrics, bare (`compiles`) or per code object as parity.observe.compile_ledger names them
@@ -346,11 +351,7 @@ def _ledger(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
-def recompiles_section(review: Review) -> str:
-    rows = _suite(review, "recompiles")
-    title = "Recompiles: what recompiled and why"
-    if rows.empty:
-        return section("recompiles", title, note(NO_ROWS))
+def recompiles_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
     parts = rows["metric"].map(split_metric)
     rows = rows.assign(_base=parts.str[0], _code=parts.str[1])
     in_ledger = rows["_base"].isin(LEDGER_METRICS)
@@ -369,7 +370,7 @@ def recompiles_section(review: Review) -> str:
     if not other.empty:
         body.append("<h3>Graph breaks, regional compilation, eager fallback</h3>")
         body.append(table(other, ROW_COLUMNS))
-    return section("recompiles", title, "\n".join(body))
+    return "\n".join(body)
 
 
 def _variant_key(name: str) -> tuple[int, str]:
@@ -403,16 +404,10 @@ def _image_scores(rows: pd.DataFrame) -> pd.DataFrame:
     return failing_first(frame.assign(kind="gate", value=math.nan, threshold=math.nan, better="")) if not frame.empty else frame
 
 
-def images_section(review: Review, assets: Assets) -> str:
-    rows = _suite(review, "image")
+def images_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
     cases = image_cases(review.run_dir)
-    if rows.empty and not cases:
-        return section("images", "Images", note(NO_ROWS))
     body = ["<h3>PSNR / SSIM by case (PSNR in dB, higher is better; data_range in the detail)</h3>"]
-    if rows.empty:
-        body.append(note(NO_ROWS))
-    else:
-        body.append(table(_image_scores(rows), ("case", "pair", "verdict", "psnr", "psnr_bound", "ssim", "ssim_bound", "detail"), table_id="image-scores"))
+    body.append(table(_image_scores(rows), ("case", "pair", "verdict", "psnr", "psnr_bound", "ssim", "ssim_bound", "detail"), table_id="image-scores"))
     if not cases:
         body.append(note(f"no PNGs under {IMAGES_DIR}/<case>/ in this run"))
     for case, pngs in cases.items():
@@ -430,16 +425,13 @@ def images_section(review: Review, assets: Assets) -> str:
         elif len(images) > 1:
             body.append(note("variants differ in size: no heat map"))
         body.append("</div>")
-    return section("images", "Images", "\n".join(body))
+    return "\n".join(body)
 
 
 ROUTING_METRICS = ("ids_mismatch", "weight_max_abs", "tie_flips")
 
 
-def routing_section(review: Review) -> str:
-    rows = _suite(review, "routing")
-    if rows.empty:
-        return section("routing", "Routing audit", note(NO_ROWS))
+def routing_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
     points = []
     for (case, mode), group in rows.groupby(["case", "mode"], sort=False):
         entry = {"grid_point": case, "mode": mode, "verdict": _gate_verdict(group)}
@@ -459,13 +451,10 @@ def routing_section(review: Review) -> str:
         f"{int(counts.get(TIE_FLIP, 0))} with tie flips only, {int(counts.get(PASS, 0))} passing.</p>",
         table(frame, ("grid_point", "mode", "verdict", *ROUTING_METRICS, "tie_flip_rows", "detail"), table_id="routing-audit"),
     ]
-    return section("routing", "Routing audit", "\n".join(body))
+    return "\n".join(body)
 
 
-def sensitivity_section(review: Review) -> str:
-    rows = _suite(review, "sensitivity")
-    if rows.empty:
-        return section("sensitivity", "Sensitivity (mutants each suite must catch)", note(NO_ROWS))
+def sensitivity_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
     killed = rows[rows["metric"] == "killed"]
     shown = failing_first(killed if not killed.empty else rows).rename(columns={"case": "mutant", "mode": "target_suite"})
     score = mutation_score(rows)
@@ -474,7 +463,41 @@ def sensitivity_section(review: Review) -> str:
         f"<p>{esc(headline)} (a survivor is a check that cannot fail).</p>",
         table(shown, ("verdict", "mutant", "target_suite", "metric", "value", "detail"), table_id="sensitivity-table"),
     ]
-    return section("sensitivity", "Sensitivity (mutants each suite must catch)", "\n".join(body))
+    return "\n".join(body)
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteView:
+    """A section that reads one suite's rows; drawn only when that suite has rows in the run."""
+
+    suite: str
+    anchor: str
+    title: str
+    nav: str
+    render: Callable[[Review, pd.DataFrame, Assets], str]
+
+
+# The suite-specific views, in reading order: where it diverged, what recompiled, what the images
+# look like, the routing audit, which mutants were caught. Any other suite is still listed in the
+# summary, the navigation and "All rows by suite" (its rows come from the data).
+SUITE_VIEWS = (
+    SuiteView("numerics", "numerics", "Numerics: where it diverged", "Numerics", numerics_view),
+    SuiteView("recompiles", "recompiles", "Recompiles: what recompiled and why", "Recompiles", recompiles_view),
+    SuiteView("image", "images", "Images", "Images", images_view),
+    SuiteView("routing", "routing", "Routing audit", "Routing", routing_view),
+    SuiteView("sensitivity", "sensitivity", "Sensitivity (mutants each suite must catch)", "Sensitivity", sensitivity_view),
+)
+
+
+def suite_views(review: Review, assets: Assets) -> list[tuple[SuiteView, str]]:
+    """(view, section HTML) for every view whose suite has rows in this run, in reading order."""
+    present = set(suites_in(review.frame))
+    out = []
+    for view in SUITE_VIEWS:
+        if view.suite in present:
+            rows = review.frame[review.frame["suite"] == view.suite]
+            out.append((view, section(view.anchor, view.title, view.render(review, rows, assets))))
+    return out
 
 
 def all_rows_section(review: Review) -> str:
@@ -482,8 +505,7 @@ def all_rows_section(review: Review) -> str:
     if frame.empty:
         return section("rows", "All rows by suite", note("no report rows in this run"))
     body = [f'<p>Every row of <a href="{RESULTS_FILE}">{RESULTS_FILE}</a>, per suite, failing rows first.</p>']
-    suites = sorted(frame["suite"].unique(), key=lambda s: (-_SEVERITY.get(_gate_verdict(frame[frame["suite"] == s]), 0), s))
-    for suite in suites:
+    for suite in suites_in(frame):
         rows = failing_first(frame[frame["suite"] == suite])
         verdict = _gate_verdict(rows)
         is_open = " open" if verdict in (FAIL, ERROR) else ""
@@ -521,17 +543,14 @@ def environment_section(review: Review) -> str:
 # The page
 # ---------------------------------------------------------------------------------------------
 
-NAV = (
-    ("summary", "What failed"),
-    ("baseline", "Baseline"),
-    ("numerics", "Numerics"),
-    ("recompiles", "Recompiles"),
-    ("images", "Images"),
-    ("routing", "Routing"),
-    ("sensitivity", "Sensitivity"),
-    ("rows", "All rows"),
-    ("environment", "Environment"),
-)
+def navigation(views: Sequence[SuiteView], suites: Sequence[str]) -> str:
+    """Links to the sections on the page, then to each suite's rows (the suites of this run)."""
+    anchors = [("summary", "What failed"), ("baseline", "Baseline"), *((v.anchor, v.nav) for v in views),
+               ("rows", "All rows"), ("environment", "Environment")]
+    links = "".join(f'<a href="#{esc(anchor)}">{esc(label)}</a>' for anchor, label in anchors)
+    if suites:
+        links += "<br>Suites: " + "".join(f'<a href="#rows-{esc(s)}">{esc(s)}</a>' for s in suites)
+    return f"<nav>{links}</nav>"
 
 
 def render_page(review: Review) -> str:
@@ -542,18 +561,15 @@ def render_page(review: Review) -> str:
     config = " ".join(
         f"{k}={info.get(k)}" for k in ("target", "device", "device_name", "dtype", "size", "git_sha", "torch") if info.get(k)
     )
+    views = suite_views(review, assets)
     sections = [
         summary_section(review),
         baseline_section(review),
-        numerics_section(review, assets),
-        recompiles_section(review),
-        images_section(review, assets),
-        routing_section(review),
-        sensitivity_section(review),
+        *(html_ for _, html_ in views),
         all_rows_section(review),
         environment_section(review),
     ]
-    nav = "".join(f'<a href="#{anchor}">{esc(label)}</a>' for anchor, label in NAV)
+    nav = navigation([view for view, _ in views], suites_in(review.frame))
     return "\n".join(
         [
             "<!DOCTYPE html>",
@@ -569,7 +585,7 @@ def render_page(review: Review) -> str:
             f'<p><span class="status {status_class}" id="status">{esc(review.status_line())}</span></p>',
             '<p id="broken-images" hidden></p>',
             f'<p>{len(review.frame)} rows: <a href="{RESULTS_FILE}">{RESULTS_FILE}</a></p>',
-            f"<nav>{nav}</nav>",
+            nav,
             *sections,
             f"<script>{SCRIPT}</script>",
             "</body>",

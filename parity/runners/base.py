@@ -147,7 +147,7 @@ class StaticInputs:
                     "tensors only (bind other arguments with functools.partial)"
                 )
             if dummy == "zeros":
-                # All-zero token ids: the dummy batch a serving engine captures on (vllm-omni#7318).
+                # All-zero token ids: the dummy batch a serving engine captures on (vllm-project/vllm-omni#7318).
                 self.buffers.append(torch.zeros_like(example, device=device))
             else:
                 self.buffers.append(example.detach().to(device).clone())

@@ -7,7 +7,7 @@ inputs of the same shapes through runner-owned static buffers. What that reprodu
 turns red):
 
 - Python control flow and attribute state are baked: whatever branch the Python code took on the
-  dummy inputs is what every replay computes (vllm-omni#7318: all-zero ids baked the und expert).
+  dummy inputs is what every replay computes (vllm-project/vllm-omni#7318: all-zero ids baked the und expert).
 - Reading a tensor's value on the host while recording raises `CaptureError` naming the site:
   `.item()`, `bool(t)`, `torch.equal` (make_fx's own `_local_scalar_dense` refusal, caught first
   by our guard so the message can name the site), ops whose output shape depends on data

@@ -3,8 +3,8 @@
 The field names are those of upstream's text config (`Mammothmoda2Qwen2_5_VLTextConfig`: Qwen2
 fields plus `extra_gen_vocab`, `gen_vocab_size`, `gen_vocab_start_index`, `moe_type`), so a
 `config.json` written here reads like upstream's and the other way round. `moe_enable` is
-upstream's per-layer switch (spec 2.4): half-open, 0-based ranges and a substring test on the
-layer type. Named configurations (spec 6): `ar_config("tiny")` for the CPU lane and
+upstream's per-layer switch (docs/model.md §4): half-open, 0-based ranges and a substring test on the
+layer type. Named configurations (docs/model.md §9): `ar_config("tiny")` for the CPU lane and
 `ar_config("full")` with the Preview widths.
 """
 
@@ -112,7 +112,7 @@ class MammothModa2ARConfig:
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (the AR experts are SwiGLU: 'silu')")
         if self.tie_word_embeddings:
-            raise ValueError("tie_word_embeddings must be false: lm_head and gen_head are untied (spec 2.7)")
+            raise ValueError("tie_word_embeddings must be false: lm_head and gen_head are untied (docs/model.md §2)")
 
     @property
     def head_dim(self) -> int:
@@ -120,7 +120,7 @@ class MammothModa2ARConfig:
 
     @property
     def logits_width(self) -> int:
-        """`vocab_size + gen_vocab_size`; column `vocab_size + j` is token `start + j` (spec 2.7)."""
+        """`vocab_size + gen_vocab_size`; column `vocab_size + j` is token `start + j` (docs/model.md §2)."""
         return self.vocab_size + (self.gen_vocab_size if self.extra_gen_vocab else 0)
 
     def moe_enabled(self, layer_type: str, layer_idx: int) -> bool:
@@ -165,7 +165,7 @@ class MammothModa2ARConfig:
 
 @dataclass(frozen=True)
 class TokenLayout:
-    """Special gen-vocabulary ids of a configuration (spec 2.1, 6.1); None where unconfirmed."""
+    """Special gen-vocabulary ids of a configuration (docs/model.md §3); None where unconfirmed."""
 
     eol: int
     eof: int
@@ -176,7 +176,7 @@ class TokenLayout:
 
 
 _CONFIGS: dict[str, MammothModa2ARConfig] = {
-    # Spec 6.1: the CPU lane.
+    # The CPU lane (docs/model.md §9).
     "tiny": MammothModa2ARConfig(
         vocab_size=256,
         hidden_size=64,
@@ -190,7 +190,7 @@ _CONFIGS: dict[str, MammothModa2ARConfig] = {
         gen_vocab_start_index=256,
         moe_type="ffn-2:4",
     ),
-    # Spec 6.2, Preview (Qwen2.5-VL-7B widths).
+    # Preview (Qwen2.5-VL-7B widths, docs/model.md §9).
     "full": MammothModa2ARConfig(
         vocab_size=152064,
         hidden_size=3584,

@@ -56,7 +56,7 @@ class Qwen2RMSNorm(nn.Module):
 
 
 class Qwen2RotaryEmbedding(nn.Module):
-    """1-D rotate-half RoPE: text and gen tokens have equal t/h/w M-RoPE positions (spec 2.6)."""
+    """1-D rotate-half RoPE: text and gen tokens have equal t/h/w M-RoPE positions (docs/model.md §2)."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
@@ -133,7 +133,7 @@ class Qwen2Attention(nn.Module):
 
 
 class Qwen2MLP(nn.Module):
-    """SwiGLU `down(silu(gate(x)) * up(x))`, no bias: both experts have this shape (spec 2.5)."""
+    """SwiGLU `down(silu(gate(x)) * up(x))`, no bias: both experts have this shape (docs/model.md §2)."""
 
     def __init__(self, config: MammothModa2ARConfig) -> None:
         super().__init__()
@@ -151,7 +151,7 @@ class Qwen2MLP(nn.Module):
 
 
 def derive_gen_token_mask(input_ids: torch.Tensor, gen_vocab_start_index: int) -> torch.Tensor:
-    """True where a token is in the generation vocabulary (spec 2.3)."""
+    """True where a token is in the generation vocabulary (docs/model.md §3)."""
     return input_ids >= gen_vocab_start_index
 
 
@@ -196,7 +196,7 @@ class MammothModa2DecoderLayer(nn.Module):
         if config.moe_enabled("attention", layer_idx):
             raise NotImplementedError(
                 f"moe_type {config.moe_type!r} enables attention experts (gen_q/k/v/o_proj) on layer {layer_idx}; "
-                "this port implements FFN experts only (released checkpoints ship none, spec 2.4)"
+                "this port implements FFN experts only (released checkpoints ship none, docs/model.md §4)"
             )
         self.layer_idx = layer_idx
         self.self_attn = Qwen2Attention(config, layer_idx)

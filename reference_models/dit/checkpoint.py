@@ -8,15 +8,15 @@ upstream's (`x_embedder.*`, `time_caption_embed.*`, `context_refiner.N.*`, `nois
 `vae_decoder.*`. Reference-image tensors (`ref_image_patch_embedder`, `ref_image_refiner`,
 `image_index_embedding`) are left out: text-to-image never reads them.
 
-Initialisation (spec §6.1, with one measured deviation): zero biases, ones for norm weights, a
+Initialisation (docs/model.md §9, with one measured deviation): zero biases, ones for norm weights, a
 seeded normal for every matrix, and no zero init anywhere (upstream zero-initialises the adaLN
 linears and `norm_out`, which makes every modulated block the identity and parity vacuous). The
-matrices' std is 1/sqrt(fan_in) by default rather than the spec's flat 0.02: the two agree at the
+matrices' std is 1/sqrt(fan_in) by default rather than the AR backbone's flat 0.02: the two agree at the
 full width (1/sqrt(2520) = 0.0199), but at the tiny width 0.02 leaves the blocks near-identity.
 Measured on tiny (seed 0, 32x32 latents, t = 0.3): with 0.02 the adaLN gates are ~0.004, the
 blocks move the velocity by 2.9% and 4 text tokens move it by 0.14% (below bf16 resolution),
 and CFG 4.0 vs 1.0 changes the decoded image by 0.03 grey levels on average; with 1/sqrt(fan_in)
-the same numbers are 38%, 1.7% and 2.0 levels. `matrix_std=0.02` gives the literal spec init.
+the same numbers are 38%, 1.7% and 2.0 levels. `matrix_std=0.02` gives the AR backbone's init.
 Decoder convolutions always use 1/sqrt(fan_in), so the decoded image has contrast. Every value
 is rounded to bf16, so fp64, fp32 and bf16 runs of one checkpoint hold bit-identical weights and
 storing it in bf16 is lossless.
@@ -78,7 +78,8 @@ def random_state_dict(
 ) -> dict[str, torch.Tensor]:
     """The seeded random weights, generated on `device` (in-memory path for full size on a GPU).
 
-    `matrix_std` None draws matrices with std 1/sqrt(fan_in); a float fixes it (0.02 = spec §6.1).
+    `matrix_std` None draws matrices with std 1/sqrt(fan_in); a float fixes it (0.02 = the AR
+    init of docs/model.md §9).
 
     Deterministic per (seed, device type): one generator on `device` draws the tensors in
     `expected_shapes` order. A CUDA draw differs from a CPU draw of the same seed; both

@@ -1,4 +1,4 @@
-"""Configuration of the MammothModa2 DiT stage (spec §4, §6): the transformer and its decoder.
+"""Configuration of the MammothModa2 DiT stage (docs/model.md §6, §9): the transformer and its decoder.
 
 One dataclass pair describes both configurations the harness runs: `tiny` (CPU lane, the shape of
 vllm-omni's `test_dit_compile_parity.py`) and `full` (MammothModa2-Preview shapes). The JSON form
@@ -21,7 +21,7 @@ CLASS_NAME = "Transformer2DModel"
 class DecoderConfig:
     """The small deterministic latent decoder that stands in for `AutoencoderKL.decode`.
 
-    The 16-channel VAE's type and factors are unconfirmed (spec §4.5); the factors default to the
+    The 16-channel VAE's type and factors are unconfirmed (docs/model.md §1); the factors default to the
     16-channel FLUX VAE's (OmniGen2, the DiT's ancestor, decodes with it). Each entry of
     `block_out_channels` after the first is one nearest ×2 upsampling stage, so three stages give
     the VAE's 8× spatial factor.
@@ -39,7 +39,7 @@ class DecoderConfig:
 
 @dataclass(frozen=True)
 class DiTConfig:
-    """`Transformer2DModel` hyper-parameters under their upstream names (spec §4, §6)."""
+    """`Transformer2DModel` hyper-parameters under their upstream names (docs/model.md §6, §9)."""
 
     patch_size: int = 2
     in_channels: int = 16
@@ -197,12 +197,12 @@ class DiTConfig:
 
 
 def tiny_config() -> DiTConfig:
-    """CPU-lane DiT (spec §6.1): hidden 96, heads 4/2 (hd 24), axes (12,6,6), FFN 384, text dim 64."""
+    """CPU-lane DiT (docs/model.md §9): hidden 96, heads 4/2 (hd 24), axes (12,6,6), FFN 384, text dim 64."""
     return DiTConfig(name="tiny")
 
 
 def full_config() -> DiTConfig:
-    """MammothModa2-Preview DiT shapes (spec §6.2).
+    """MammothModa2-Preview DiT shapes (docs/model.md §9).
 
     Confirmed (labelled Preview shapes in vllm-omni's `test_dit_attention_cuda.py`): hidden 2520,
     heads 21 / KV 7 (hd 120), axes (40,40,40). Derived: FFN 10240 (multiple_of 256), temb 1024.

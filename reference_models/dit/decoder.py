@@ -1,6 +1,6 @@
 """A small deterministic latent decoder, so the DiT pipeline ends in a real uint8 image.
 
-It stands in for the unconfirmed 16-channel `AutoencoderKL.decode` (spec §4.5): undo the VAE
+It stands in for the unconfirmed 16-channel `AutoencoderKL.decode` (docs/model.md §1): undo the VAE
 scaling (`latents / scaling_factor + shift_factor`), a 3×3 conv in, one (silu, nearest ×2, 3×3
 conv) stage per upsampling step, silu and a 3×3 conv to RGB, then `tanh` to [−1, 1] and uint8.
 Its weights live in the DiT checkpoint under `vae_decoder.*`.

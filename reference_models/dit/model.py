@@ -1,4 +1,4 @@
-"""Reference MammothModa2 DiT: the Lumina2 / OmniGen2-style `Transformer2DModel` (spec §4).
+"""Reference MammothModa2 DiT: the Lumina2 / OmniGen2-style `Transformer2DModel` (docs/model.md §6).
 
 Written the way upstream (`mamoda2/mammothmoda2/model/mammothmoda2_dit/`) writes it: eager
 PyTorch, per-sample Python loops over host-read lengths (`mask.sum().tolist()`), the joint sequence

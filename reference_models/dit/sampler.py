@@ -1,4 +1,4 @@
-"""Flow-matching Euler sampling schedule of the DiT stage (spec §4.5).
+"""Flow-matching Euler sampling schedule of the DiT stage (docs/model.md §8).
 
 `FlowMatchEulerDiscreteScheduler(dynamic_time_shift=True)`: t runs from 0 (noise) to 1 (data);
 the grid `linspace(0, 1, N+1)[:-1]` is shifted towards the noise end by `m = sqrt(h·w)/40` for a

@@ -1,7 +1,7 @@
 """SwiGLU routed experts and their weighted sum, written plainly (row by row, slot by slot).
 
 `out[r] = Σ_j w[r, j] · down_e (silu(gate_e x_r) ⊙ up_e x_r)` over the row's slots `j` with
-`e = ids[r, j]`; a -1 slot contributes nothing (§4: every consumer treats -1 as "no route"),
+`e = ids[r, j]`; a -1 slot contributes nothing (docs/routing.md §4: every consumer treats -1 as "no route"),
 and a fused shared-expert column is just another slot whose id indexes past the routed experts.
 """
 

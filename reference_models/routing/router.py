@@ -1,20 +1,21 @@
 """Reference MoE top-k router, written plainly: one row at a time, decisions on the host.
 
-This is the truth the serving router is compared with (moe_routing.md §9). Scores are computed
+This is the truth the serving router is compared with (docs/routing.md §9). Scores are computed
 elementwise on the logits' device (the same elementwise fp32 formulas a router runs, so both sides
 see the same key bits); every decision after that is a per-row Python loop: candidates are the
 finite logits, the ranking is a stable sort by descending key with the lower expert id first,
 groups are ranked the same way, sums run in a fixed written order in fp32 (or fp64 for the
 golden), pad rows are skipped by reading the valid-row count on the host.
 
-Rules: R1-R8 and §2-§6 of `shared/spec/moe_routing.md`.
-- Softmax (§2): key = fp32 logit; `p = exp(x - max)` over candidates; renormalize divides by the
-  selected sum (slot order), otherwise by the full candidate sum (ascending expert id).
-- Grouped sigmoid (§3): key = σ(x) + bias; group score = sum of its two best keys with a bias
-  (-inf below two candidates), its best key without; the `topk_group` best groups stay (lower group
-  id on ties), every other expert is -inf (never 0.0); weights are the unbiased σ(x), renormalized
-  with `+1e-20`; then times `routed_scaling_factor`.
-- Softmax-scored grouped routing uses the group maximum of the logits and §2's weights.
+Rules: docs/routing.md R1-R8 and §2-§6.
+- Softmax (docs/routing.md §2): key = fp32 logit; `p = exp(x - max)` over candidates; renormalize
+  divides by the selected sum (slot order), otherwise by the full candidate sum (ascending id).
+- Grouped sigmoid (docs/routing.md §3): key = σ(x) + bias; group score = sum of its two best keys
+  with a bias (-inf below two candidates), its best key without; the `topk_group` best groups stay
+  (lower group id on ties), every other expert is -inf (never 0.0); weights are the unbiased σ(x),
+  renormalized with `+1e-20`; then times `routed_scaling_factor`.
+- Softmax-scored grouped routing uses the group maximum of the logits and the weights of
+  docs/routing.md §2.
 
 `golden=True` computes the weights with the same formulas in fp64 for the same (fp32-selected)
 experts, so a target's weight error can be judged against the reference's own fp32 error.
@@ -31,7 +32,7 @@ import torch
 
 SCORING_FUNCS = ("softmax", "sigmoid")
 SHARED_WEIGHT_MODES = ("folded", "unfolded")
-RENORM_EPS = 1e-20  # guards a zero sum of selected sigmoid scores only (§3 step 5)
+RENORM_EPS = 1e-20  # guards a zero sum of selected sigmoid scores only (docs/routing.md §3 step 5)
 NO_EXPERT = -1
 
 
@@ -85,7 +86,7 @@ class RoutingConfig:
                     f"reference router: topk_group must lie in [1, {self.num_expert_group}], got {self.topk_group}"
                 )
         if has_bias and self.scoring != "sigmoid":
-            raise ValueError("reference router: correction_bias is defined for scoring='sigmoid' only (§3)")
+            raise ValueError("reference router: correction_bias is defined for scoring='sigmoid' only (docs/routing.md §3)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,7 +175,7 @@ def select_row(row: RowScores, config: RoutingConfig, has_bias: bool) -> list[in
 
 
 def _softmax_weights(selected: list[int], p: np.ndarray, is_candidate: list[bool], renormalize: bool, dtype: type) -> list:
-    """§2 weights of the selected experts from `p = exp(x - max)`: over the selected sum in slot
+    """docs/routing.md §2: weights of the selected experts from `p = exp(x - max)`: over the selected sum in slot
     order, or over every candidate in ascending expert id."""
     candidates = [e for e in range(len(p)) if is_candidate[e]]
     total = dtype(0)
@@ -184,7 +185,7 @@ def _softmax_weights(selected: list[int], p: np.ndarray, is_candidate: list[bool
 
 
 def _sigmoid_weights(selected: list[int], scores: np.ndarray, renormalize: bool, dtype: type) -> list:
-    """§3 weights: the unbiased σ(x) of the selected experts, renormalized with +1e-20."""
+    """docs/routing.md §3: weights are the unbiased σ(x) of the selected experts, renormalized with +1e-20."""
     weights = [dtype(scores[e]) for e in selected]
     if renormalize:
         total = dtype(0)
@@ -280,7 +281,7 @@ def select_experts(
 
 
 # --------------------------------------------------------------------------------------------
-# Margins at the k / k+1 boundary, for the near-tie audit (practice.md §2).
+# Margins at the k / k+1 boundary, for the near-tie audit (docs/tolerances.md §3).
 # --------------------------------------------------------------------------------------------
 
 
@@ -328,7 +329,7 @@ def routing_margins(
     """k-th vs (k+1)-th selection-key margin of every row (and the group-selection margin).
 
     A target whose expert set differs from the reference's on a row with a margin within a few
-    ULPs of the compared dtype is a `tie_flip`, otherwise a `fail` (practice.md §2).
+    ULPs of the compared dtype is a `tie_flip`, otherwise a `fail` (docs/tolerances.md §3).
     """
     num_rows, num_experts = logits.shape
     config = RoutingConfig(k, scoring, True, num_expert_group, topk_group)
@@ -351,7 +352,7 @@ def routing_margins(
 
 
 # --------------------------------------------------------------------------------------------
-# Consumers of the ids (§4-§6), plainly.
+# Consumers of the ids (docs/routing.md §4-§6), plainly.
 # --------------------------------------------------------------------------------------------
 
 

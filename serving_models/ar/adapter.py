@@ -173,7 +173,7 @@ class ServingARAdapter:
     @staticmethod
     def ar_wrapper_classes() -> list[type[nn.Module]]:
         """Every AR wrapper a runner may hold (Qwen2.5 and Qwen3 backbones): each must declare
-        `requires_raw_input_tokens`, or the multimodal path drops the ids (vllm-omni#9851)."""
+        `requires_raw_input_tokens`, or the multimodal path drops the ids (vllm-project/vllm-omni#9851)."""
         return list(AR_WRAPPERS.values())
 
     def embedding_modules(self) -> tuple[nn.Module, nn.Module | None]:

@@ -1,4 +1,4 @@
-"""MammothModa2 AR backbone, written the way a serving engine writes it (vllm-omni#9764 semantics).
+"""MammothModa2 AR backbone, written the way a serving engine writes it (vllm-project/vllm-omni#9764 semantics).
 
 Same math as upstream, shaped for graph capture and compilation:
 
@@ -236,7 +236,7 @@ def missing_mask_capture_error(layer_name: str) -> RuntimeError:
     return RuntimeError(
         f"{layer_name}: graph capture reached the MoE dispatch with gen_token_mask=None. A captured graph "
         "cannot route by token id without the mask: it would replay the understanding expert for every "
-        "token, gen tokens included (vllm-omni#7318). Keep input_ids beside inputs_embeds "
+        "token, gen tokens included (vllm-project/vllm-omni#7318). Keep input_ids beside inputs_embeds "
         "(requires_raw_input_tokens) so the mask is derived, or run the AR stage without graphs: "
         "enforce_eager: true. PIECEWISE is not a workaround: its captured pieces hold the MoE MLPs and "
         "reach this dispatch as well."

@@ -3,7 +3,7 @@
 On the multimodal path a vLLM-style runner embeds the prompt itself (text embeddings with image
 features scattered in) and calls `forward` with `inputs_embeds`; it drops `input_ids` unless the
 module declares `requires_raw_input_tokens`. Without the ids the MoE layers get no mask and the
-gen expert never runs (vllm-omni#9851), so this attribute is load-bearing, and this function is
+gen expert never runs (vllm-project/vllm-omni#9851), so this attribute is load-bearing, and this function is
 the one place that reads it.
 """
 

@@ -5,7 +5,7 @@ CUDA graph, or the harness's CPU stand-in), because a host read of a tensor valu
 there and any Python branch taken during capture is baked into every replay. The model owns
 this small registry; backends (CUDA built in, NPU/XPU, the parity harness's `cpu_graph`
 runner) register a probe per device type. A backend without a probe warns once per process
-and is reported as "not capturing", the behaviour vllm-omni#9764 specifies.
+and is reported as "not capturing", the behaviour vllm-project/vllm-omni#9764 specifies.
 """
 
 from __future__ import annotations

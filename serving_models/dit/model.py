@@ -1,13 +1,13 @@
 """Serving port of the MammothModa2 DiT (`Transformer2DModel`), written to compile.
 
-Same math as upstream (spec §4), arranged the way a serving engine needs it (spec §5):
+Same math as upstream (docs/model.md §6), arranged the way a serving engine needs it (docs/model.md §7):
 
 * `_repeated_blocks = ["TransformerBlock"]`: the regional compiler compiles each block's
   `forward` with `fullgraph=True, dynamic=True`. A block body therefore has no host reads of
   tensor values (no `.item()`, `.tolist()`, `torch.any(mask)` branches), no data-dependent
   shapes and no logging; padding is handled by masks (`scaled_dot_product_attention` with a
   boolean key-padding mask, padded query rows zeroed with `where`), not by unpadding.
-* The empty-text skip lives in `_apply_refiners` (vllm-omni#7455): the context refiner runs only
+* The empty-text skip lives in `_apply_refiners` (vllm-project/vllm-omni#7455): the context refiner runs only
   when the text has tokens, so CFG's zero-token unconditional stream never reaches a block and
   triggers no compile. A block-level `if seq_len == 0` would guard on a backed size and compile
   a second graph when that stream first arrives.
@@ -333,7 +333,7 @@ class Transformer2DModel(nn.Module):
         temb: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # Empty-text skip: a zero-token text stream (CFG's unconditional branch) never reaches a
-        # block, so it cannot specialise a compiled graph on length 0 (vllm-omni#7455).
+        # block, so it cannot specialise a compiled graph on length 0 (vllm-project/vllm-omni#7455).
         if text.shape[1] > 0:
             for layer in self.context_refiner:
                 text = layer(text, text_mask, text_rope)

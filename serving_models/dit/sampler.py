@@ -1,4 +1,4 @@
-"""The serving port's flow-matching Euler schedule (spec §4.5) and seeded inputs.
+"""The serving port's flow-matching Euler schedule (docs/model.md §8) and seeded inputs.
 
 t runs 0 (noise) → 1 (data): `t = linspace(0, 1, N+1)[:-1]`, shifted by `m = sqrt(h·w)/40` for an
 h×w latent grid (`t ← t / (m − m·t + t)`), then t = 1 appended. CFG applies at step i when the

@@ -1,7 +1,7 @@
 """The MoE-router adapter of the serving target (what the `routing` suite calls).
 
-Adapter class shape (the same in `reference_models/routing/adapter.py`; the lead codifies it as
-a Protocol). An adapter object has:
+Adapter class shape (the same in `reference_models/routing/adapter.py`; `parity/target.py` declares it
+as a Protocol). An adapter object has:
 
     name: str
     RoutingResult                   # NamedTuple type with fields (weights, ids), in that order

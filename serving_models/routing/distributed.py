@@ -4,7 +4,7 @@
 own device-side real-row count (pad rows become -1 / 0 at the source), then the rows travel with
 their ids and weights in one all-gather, padded to a fixed per-rank capacity. `gather_then_route`
 is the older order: gather the raw logits, route every gathered row, and mask each rank's pad rows
-afterwards from the gathered counts. With a batch-invariant router (R8) the two are bitwise equal;
+afterwards from the gathered counts. With a batch-invariant router (docs/routing.md R8) the two are bitwise equal;
 a router whose result depends on the batch, or a pad mask that misses a rank's tail, breaks it.
 
 Every step is a device op (the counts are gathered, never read on the host), so both run under

@@ -5,9 +5,9 @@ Written the way a serving engine writes its router: one vectorized pass over a p
 `torch.compile(fullgraph=True)` and inside a captured graph. The number of real rows arrives as a
 device tensor (`num_valid_rows`); rows at or past it get id -1 and weight 0 in every column, so a
 replayed graph follows whatever count the runner wrote into that tensor before the replay
-(`docs: shared/spec/moe_routing.md` §4, ROCm/ATOM#2725).
+(docs/routing.md §4, ROCm/ATOM#2725).
 
-Rules (moe_routing.md R1-R8): fp32 keys and weights; a candidate is a finite logit; candidates rank
+Rules (docs/routing.md R1-R8): fp32 keys and weights; a candidate is a finite logit; candidates rank
 by descending key with the lower expert id first on equal keys; slots past the row's candidate
 count hold -1 / 0; the output is `[T, k + S]` int32 ids and fp32 weights, returned as
 `RoutingResult(weights, ids)`. Every per-row computation is elementwise, an exact reduction
@@ -31,7 +31,7 @@ import torch
 SCORING_FUNCS = ("softmax", "sigmoid")
 SHARED_WEIGHT_MODES = ("folded", "unfolded")
 
-# Guards only a zero sum of selected sigmoid scores (moe_routing.md §3 step 5); rounded to fp32
+# Guards only a zero sum of selected sigmoid scores (docs/routing.md §3 step 5); rounded to fp32
 # once so eager, compiled and reference arithmetic all add the same number.
 RENORM_EPS = float(np.float32(1e-20))
 
@@ -154,12 +154,12 @@ def _fp32_scalar(value: float) -> float:
 def _group_keep_mask(
     keys: torch.Tensor, num_expert_group: int, topk_group: int, sum_top2: bool
 ) -> torch.Tensor:
-    """bool [T, E]: experts inside each row's `topk_group` best groups (§3 steps 2-3)."""
+    """bool [T, E]: experts inside each row's `topk_group` best groups (docs/routing.md §3 steps 2-3)."""
     rows, num_experts = keys.shape
     grouped = keys.reshape(rows, num_expert_group, num_experts // num_expert_group)
     if sum_top2:
         if grouped.shape[-1] < 2:
-            # A group of one expert has fewer than two candidates: its score is -inf (§3 step 2).
+            # A group of one expert has fewer than two candidates: its score is -inf (docs/routing.md §3 step 2).
             group_score = torch.full_like(grouped[..., 0], float("-inf"))
         else:
             top2 = torch.topk(grouped, 2, dim=-1, sorted=True).values
@@ -177,7 +177,7 @@ def _group_keep_mask(
 def _route_softmax(
     x: torch.Tensor, k: int, renormalize: bool, keep: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """§2: key = fp32 logit; p = exp(x - max); renormalize over the selected or the full row."""
+    """docs/routing.md §2: key = fp32 logit; p = exp(x - max); renormalize over the selected or the full row."""
     is_candidate = torch.isfinite(x)
     neg_inf = torch.full_like(x, float("-inf"))
     all_keys = torch.where(is_candidate, x, neg_inf)
@@ -203,7 +203,7 @@ def _route_sigmoid(
     num_expert_group: int | None,
     topk_group: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """§3: key = σ(x) + bias; groups masked with -inf; weights from the unbiased σ(x)."""
+    """docs/routing.md §3: key = σ(x) + bias; groups masked with -inf; weights from the unbiased σ(x)."""
     is_candidate = torch.isfinite(x)
     scores = sigmoid_fp32(x)
     biased = scores if bias is None else scores + bias
@@ -212,7 +212,7 @@ def _route_sigmoid(
         # With a bias the group score is the sum of its two best keys, without one its best key.
         keep = _group_keep_mask(keys, num_expert_group, topk_group, sum_top2=bias is not None)
         is_candidate = is_candidate & keep
-        keys = torch.where(keep, keys, torch.full_like(keys, float("-inf")))  # never 0.0 (§3 step 3)
+        keys = torch.where(keep, keys, torch.full_like(keys, float("-inf")))  # never 0.0 (docs/routing.md §3 step 3)
     ids, slot_is_valid, index = rank_candidates(keys, is_candidate.sum(dim=-1), k)
 
     picked = torch.where(
@@ -261,7 +261,7 @@ def _check_config(
             raise ValueError(f"select_experts: topk_group must lie in [1, {num_expert_group}], got {topk_group}")
     if correction_bias is not None:
         if scoring != "sigmoid":
-            raise ValueError("select_experts: correction_bias is defined for scoring='sigmoid' only (§3)")
+            raise ValueError("select_experts: correction_bias is defined for scoring='sigmoid' only (docs/routing.md §3)")
         if tuple(correction_bias.shape) != (num_experts,):
             raise ValueError(f"select_experts: correction_bias must have shape ({num_experts},), got {tuple(correction_bias.shape)}")
         if correction_bias.device != logits.device:
@@ -329,7 +329,7 @@ def select_experts(
 
     `shared_weight_mode="folded"`: routed weights include `routed_scaling_factor`, shared weight
     1.0. `"unfolded"`: the caller multiplies the combined output by the factor, so routed weights
-    exclude it and the shared weight is `1 / routed_scaling_factor` (§5).
+    exclude it and the shared weight is `1 / routed_scaling_factor` (docs/routing.md §5).
     `num_valid_rows`: int device tensor, first element = real rows; None = every row is real.
     """
     _check_config(
@@ -362,7 +362,7 @@ def select_experts(
 
 
 # --------------------------------------------------------------------------------------------
-# Consumers of the ids: EPLB remap and the per-expert load counter (§6).
+# Consumers of the ids: EPLB remap and the per-expert load counter (docs/routing.md §6).
 # --------------------------------------------------------------------------------------------
 
 
@@ -382,7 +382,7 @@ def remap_to_physical(ids: torch.Tensor, replica_table: torch.Tensor, row_choice
     num_logical = replica_table.shape[0]
     table = replica_table.to(device=ids.device, dtype=torch.int64)
     replicas = (table >= 0).sum(dim=1).clamp_min(1)
-    in_range = (ids >= 0) & (ids < num_logical)  # the guard before any // or % on an id (§4)
+    in_range = (ids >= 0) & (ids < num_logical)  # the guard before any // or % on an id (docs/routing.md §4)
     safe = torch.where(in_range, ids, torch.zeros_like(ids)).to(torch.int64)
     slot = torch.remainder(row_choice.to(torch.int64).unsqueeze(1), replicas[safe])
     physical = table[safe, slot].to(ids.dtype)

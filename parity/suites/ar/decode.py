@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from parity.compare import FAIL, PASS, TIE_FLIP, TensorDiff, Verdict, classify_decision, diff, noise_floor_rule
+from parity.compare import EXACTLY, FAIL, PASS, TIE_FLIP, TensorDiff, Verdict, classify_decision, count_rule, diff, noise_floor_rule
 from parity.runners import make_runner
 from parity.suites.ar.support import CASES, TOL, ARModels, DecodeSettings
 
@@ -218,7 +218,7 @@ def judge_teacher_forced(models: ARModels, reference: ReferenceDecode, step_logi
     detail = f"{compared} of {steps} decode steps compared teacher-forced (the target fed the reference's tokens)"
     if have_steps != steps:
         detail += f"; the target produced {have_steps} step logits"
-    count = Verdict(PASS if compared == steps else FAIL, "compared_steps", compared, steps, detail)
+    count = count_rule(compared, steps, metric="compared_steps", at=EXACTLY, detail=detail)
     return TeacherForced(buckets, count)
 
 

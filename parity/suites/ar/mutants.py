@@ -1,4 +1,4 @@
-"""AR mutants of the sensitivity catalogue (vllm-omni#7318, #9764, #9851, #7319, #7432 and ports' slips).
+"""AR mutants of the sensitivity catalogue (vllm-project/vllm-omni#7318, #9764, #9851, #7319, #7432 and ports' slips).
 
 Each entry is registered with `parity.suites.sensitivity.catalogue` and is a `--target` factory:
 `--target parity.suites.ar.mutants:mutant_<name with _ for ->`.
@@ -20,13 +20,13 @@ EXPERT_SELECTION = "parity/suites/ar/test_expert_selection.py"
 
 
 # ---------------------------------------------------------------------------------------------
-# AR backbone (seed 000: vllm-omni#7318, #9764, #9851, #7319, #7432)
+# AR backbone (vllm-project/vllm-omni#7318, #9764, #9851, #7319, #7432)
 # ---------------------------------------------------------------------------------------------
 
 
 @mutant(
     "multimodal-drops-input-ids",
-    defect="the runner's multimodal entry passes inputs_embeds only: mask None, every token on the und expert (#9851)",
+    defect="the runner's multimodal entry passes inputs_embeds only: mask None, every token on the und expert (vllm-project/vllm-omni#9851)",
     suite="expert_selection",
     tests=(EXPERT_SELECTION, "-k", "multimodal and not compiled"),
 )
@@ -46,7 +46,7 @@ def _drop_input_ids() -> None:
 
 @mutant(
     "host-branch-dispatch-under-capture",
-    defect="the eager any/all dispatch stays active under capture, so the dummy batch's branch is what a graph holds (#7318)",
+    defect="the eager any/all dispatch stays active under capture, so the dummy batch's branch is what a graph holds (vllm-project/vllm-omni#7318)",
     suite="expert_selection",
     tests=(EXPERT_SELECTION, "-k", "test_expert_selection and cpu_graph"),
     cuda=(EXPERT_SELECTION, "-k", "test_expert_selection and cuda_graph"),
@@ -67,7 +67,7 @@ def _host_branch_dispatch() -> None:
     defect=(
         "the expert dispatch branches on host-side batch metadata (has gen tokens / all gen) refreshed only "
         "outside capture: the graph captured after warm-up on the all-zero dummy batch bakes the und expert "
-        "and replays it for every real token (vllm-omni#7318 as shipped)"
+        "and replays it for every real token (vllm-project/vllm-omni#7318 as shipped)"
     ),
     suite="expert_selection",
     tests=(EXPERT_SELECTION, "-k", "test_expert_selection and cpu_graph"),
@@ -99,7 +99,7 @@ def _stale_host_metadata() -> None:
 
 @mutant(
     "capture-without-mask-fails-open",
-    defect="capturing without a mask silently runs the und expert for every token instead of raising (#9764)",
+    defect="capturing without a mask silently runs the und expert for every token instead of raising (vllm-project/vllm-omni#9764)",
     suite="fail_closed_capture",
     tests=("parity/suites/ar/test_fail_closed_capture.py", "-k", "capture_without_mask"),
 )
@@ -117,7 +117,7 @@ def _fail_open() -> None:
 
 @mutant(
     "no-clamp-gen-side",
-    defect="the gen-table index is id - start unclamped: text ids and the -1 sentinel index out of range on the discarded side (#7432)",
+    defect="the gen-table index is id - start unclamped: text ids and the -1 sentinel index out of range on the discarded side (vllm-project/vllm-omni#7432)",
     suite="embedding_clamp",
     tests=("parity/suites/ar/test_embedding_clamp.py", "-k", "in_range_indices and not compiled"),
 )
@@ -127,7 +127,7 @@ def _no_clamp_gen() -> None:
 
 @mutant(
     "no-clamp-base-side",
-    defect="the base-table index is the raw id: gen ids and the -1 sentinel index out of range on the discarded side (#7319)",
+    defect="the base-table index is the raw id: gen ids and the -1 sentinel index out of range on the discarded side (vllm-project/vllm-omni#7319)",
     suite="embedding_clamp",
     tests=("parity/suites/ar/test_embedding_clamp.py", "-k", "in_range_indices and not compiled"),
 )
@@ -172,7 +172,7 @@ def _moe_shifted() -> None:
 
 @mutant(
     "gen-mlp-never-called",
-    defect="gen_mlp weights load and are never called: every token on the und expert (the 42 unused tensors of #9764)",
+    defect="gen_mlp weights load and are never called: every token on the und expert (the 42 unused tensors of vllm-project/vllm-omni#9764)",
     suite="weight_coverage",
     tests=("parity/suites/ar/test_weight_coverage.py", "-k", "target"),
 )

@@ -121,7 +121,7 @@ def resolve_token(token: Token, config: Any, size: str) -> int:
     offset = int(number) if kind == "visual" else 0
     special = getattr(token_layout(size), name)
     if special is None:
-        # The full configuration's offsets of these gen tokens are unconfirmed (spec 2.1): use the
+        # The full configuration's offsets of these gen tokens are unconfirmed (docs/model.md §3): use the
         # tiny layout's offset from the gen start, so the case keeps its shape (a gen token there).
         tiny = token_layout("tiny")
         special = start + getattr(tiny, name) - ar_config("tiny").gen_vocab_start_index

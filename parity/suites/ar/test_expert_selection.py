@@ -1,6 +1,6 @@
 """expert_selection: which expert each token's MoE output came from, eager and under graphs.
 
-vllm-omni#7318: a graph captured on all-zero dummy ids baked the understanding expert and
+vllm-project/vllm-omni#7318: a graph captured on all-zero dummy ids baked the understanding expert and
 replayed it for every real token. Here each execution mode prepares the target's forward the
 way a serving engine would (graph modes capture on all-zero ids), runs every case, and observes
 per MoE layer and token which expert's output the layer used (taps on the post-attention norm and
@@ -14,18 +14,19 @@ import dataclasses
 import pytest
 import torch
 
-from parity.compare import FAIL, PASS, Verdict, diff
+from parity.compare import AT_MOST, count_rule, diff, equality_rule, flag_rule
 from parity.runners import make_runner
 from reference_models.checkpoints import random_state_dict
 from parity.suites.ar.support import (
-    skip_full_size_compile,
     CASES,
     PROMPTS,
     TOL,
-        ids_of,
+    Prompt,
+    ids_of,
     moe_taps,
     observe_expert_use,
     routing_mismatches,
+    skip_full_size_compile,
 )
 from parity.suites.conftest import require_graph_support
 
@@ -45,41 +46,34 @@ def _record_routing(report, models, mode: str, case: str, ids: torch.Tensor, tap
         bad = routing_mismatches(use, ids, models.start)
         margin = float((use.distance_und - use.distance_gen).abs().min())
         detail = "; ".join(bad[:12]) + (f"; ... {len(bad) - 12} more" if len(bad) > 12 else "")
-        report.record(
-            case=case,
-            mode=mode,
-            site=f"layer.{use.layer}",
-            metric="mismatched_tokens",
-            value=len(bad),
-            threshold=0,
-            verdict=FAIL if bad else PASS,
-            detail=detail or f"{ids.numel()} tokens routed as the reference routes them",
-        )
+        verdict = count_rule(len(bad), 0, metric="mismatched_tokens", at=AT_MOST,
+                             detail=detail or f"{ids.numel()} tokens routed as the reference routes them")
+        report.verdict(verdict, case=case, mode=mode, site=f"layer.{use.layer}")
         report.info(case=case, mode=mode, site=f"layer.{use.layer}", metric="observation_margin", value=margin,
                     detail="min over tokens of |d(und) - d(gen)|: how clearly the output names its expert")
 
 
-def test_expert_selection(mode: str, ar_models, report) -> None:
-    """Every case, prepared in `mode` (graph modes captured on all-zero ids), routed as the reference;
+@pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))
+def test_expert_selection(prompt: Prompt, mode: str, ar_models, report) -> None:
+    """The case, prepared in `mode` (graph modes captured on all-zero ids), routed as the reference;
     in graph modes the logits also equal eager dispatch (the capture-time blend is numerically the
     eager split, up to GEMM-shape rounding or Inductor's fusion)."""
     models = ar_models
     require_graph_support(models.target, mode)
     skip_full_size_compile(models, mode)
+    report.case, report.mode = prompt.name, mode  # an exception's error row names this case
     eager = make_runner("eager", device=models.device)
     # off fp32 the graph-vs-eager logits are held to the HF bf16 bound (two roundings of bf16 GEMMs)
     tol = TOL[GRAPH_TOL.get(mode, "graph_vs_eager_fp32")] if models.dtype == torch.float32 else TOL["noise_floor_bf16"]
-    for prompt in PROMPTS:
-        with report.guard(case=prompt.name, mode=mode):
-            ids = models.ids(prompt.rows)
-            with _prepare(models, mode, models.target.forward, (ids,), moe_taps(models.target), "forward") as prepared:
-                result = prepared(ids)
-            _record_routing(report, models, mode, prompt.name, ids, result.taps)
-            if mode != "eager":
-                with eager.prepare(models.target.forward, (ids,)) as reference_run:
-                    want = reference_run(ids).output.logits
-                measured = diff(want, result.output.logits, tol, name="logits vs eager dispatch")
-                report.diff(measured, case=prompt.name, mode=mode, site="logits")
+    ids = models.ids(prompt.rows)
+    with _prepare(models, mode, models.target.forward, (ids,), moe_taps(models.target), "forward") as prepared:
+        result = prepared(ids)
+    _record_routing(report, models, mode, prompt.name, ids, result.taps)
+    if mode != "eager":
+        with eager.prepare(models.target.forward, (ids,)) as reference_run:
+            want = reference_run(ids).output.logits
+        measured = diff(want, result.output.logits, tol, name="logits vs eager dispatch")
+        report.diff(measured, case=prompt.name, mode=mode, site="logits")
 
 
 @pytest.mark.parametrize("mode", ["cpu_graph", "cuda_graph"])
@@ -105,30 +99,30 @@ def test_dummy_capture_runs_both_experts(mode: str, ar_models, report, device) -
             gen_calls = len(result.taps[f"gen.{site.layer}"])
             und_calls = len(result.taps[f"und.{site.layer}"])
             if run_mode == "eager":
-                verdict = Verdict(PASS if gen_calls == 0 else FAIL, "gen_expert_calls", gen_calls, 0,
-                                  f"eager, all-und ids: fast path runs und only (und calls {und_calls})")
-            else:
-                verdict = Verdict(PASS if gen_calls >= 1 and und_calls >= 1 else FAIL, "gen_expert_calls", gen_calls, 1,
-                                  f"captured on all-zero ids: the graph holds both experts (und calls {und_calls})")
+                verdict = count_rule(gen_calls, 0, metric="gen_expert_calls", at=AT_MOST,
+                                     detail=f"eager, all-und ids: fast path runs und only (und calls {und_calls})")
+            else:  # both experts in the graph: the row shows the gen expert's calls
+                verdict = flag_rule(gen_calls >= 1 and und_calls >= 1, metric="gen_expert_calls", value=gen_calls,
+                                    detail=f"captured on all-zero ids: the graph holds both experts (und calls {und_calls})")
             report.verdict(verdict, case="dummy-capture-all-und-ids", mode=run_mode, site=f"layer.{site.layer}",
                            better="equal" if run_mode == "eager" else "higher")
 
 
-def test_multimodal_entry_routes_gen_tokens(mode: str, ar_models, report) -> None:
+@pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))
+def test_multimodal_entry_routes_gen_tokens(prompt: Prompt, mode: str, ar_models, report) -> None:
     """The entry point a runner uses on the multimodal path (inputs_embeds and input_ids) routes gen
-    tokens to the gen expert (vllm-omni#9851: input_ids dropped, the gen expert never ran)."""
+    tokens to the gen expert (vllm-project/vllm-omni#9851: input_ids dropped, the gen expert never ran)."""
     models = ar_models
     require_graph_support(models.target, mode)
     skip_full_size_compile(models, mode)
-    for prompt in PROMPTS:
-        case = f"multimodal-{prompt.name}"
-        with report.guard(case=case, mode=mode):
-            ids = models.ids(prompt.rows)
-            embeds = models.target.embed(ids)
-            taps = moe_taps(models.target)
-            with _prepare(models, mode, models.target.forward_multimodal, (embeds, ids), taps, "forward_multimodal") as run:
-                result = run(embeds, ids)
-            _record_routing(report, models, mode, case, ids, result.taps)
+    case = f"multimodal-{prompt.name}"
+    report.case, report.mode = case, mode  # an exception's error row names this case
+    ids = models.ids(prompt.rows)
+    embeds = models.target.embed(ids)
+    taps = moe_taps(models.target)
+    with _prepare(models, mode, models.target.forward_multimodal, (embeds, ids), taps, "forward_multimodal") as run:
+        result = run(embeds, ids)
+    _record_routing(report, models, mode, case, ids, result.taps)
 
 
 @pytest.mark.parametrize("case", CASES["moe_ranges"], ids=ids_of(CASES["moe_ranges"]))
@@ -145,8 +139,8 @@ def test_moe_type_layer_range(case, ar_models, report, target) -> None:
     variant = target.build_ar(config, state, models.device, models.dtype)
     layers = sorted(site.layer for site in variant.moe_sites())
     report.verdict(
-        Verdict(PASS if layers == case.expected_layers else FAIL, "moe_layers_match", int(layers == case.expected_layers), 1,
-                f"moe_type {case.moe_type!r}: target built gen experts on layers {layers}, expected {case.expected_layers}"),
+        equality_rule(layers, case.expected_layers, metric="moe_layers_match",
+                      detail=f"moe_type {case.moe_type!r}: the layers the target built gen experts on"),
         case=case.name, better="equal",
     )
     ids = models.ids(PROMPTS[2].rows)  # mixed

@@ -1,6 +1,6 @@
 """fail_closed_capture: a capture that cannot route must refuse, loudly and with the right advice.
 
-vllm-omni#9764: with embeddings but no ids there is no gen mask; capturing then would bake the
+vllm-project/vllm-omni#9764: with embeddings but no ids there is no gen mask; capturing then would bake the
 understanding expert for every token, so the target must raise a RuntimeError that names the
 layer, offers enforce_eager and says PIECEWISE is not a workaround (PIECEWISE pieces hold the MoE
 too). Eager without a mask keeps running (the upstream behaviour). A backend without a capture
@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from parity.compare import FAIL, PASS, Verdict, diff
+from parity.compare import AT_LEAST, EXACTLY, count_rule, diff, flag_rule, threshold_rule
 from parity.env import PROJECT_ROOT
 from parity.runners import CaptureError, make_runner
 from parity.suites.ar import fail_closed_cases
@@ -35,7 +35,7 @@ REQUIRED_PHRASES = {
 
 def _record_refusal(report, mode: str, refused: bool, message: str, kind: str) -> None:
     report.verdict(
-        Verdict(PASS if refused else FAIL, "capture_refused", int(refused), 1, f"{kind}: {message[:600]}"),
+        flag_rule(refused, metric="capture_refused", detail=f"{kind}: {message[:600]}"),
         case="capture-without-mask",
         mode=mode,
         better="equal",
@@ -43,7 +43,7 @@ def _record_refusal(report, mode: str, refused: bool, message: str, kind: str) -
     for metric, phrase in REQUIRED_PHRASES.items():
         present = phrase in message
         report.verdict(
-            Verdict(PASS if present else FAIL, metric, int(present), 1, f"looked for {phrase!r} in the refusal"),
+            flag_rule(present, metric=metric, detail=f"looked for {phrase!r} in the refusal"),
             case="capture-without-mask",
             mode=mode,
             better="equal",
@@ -91,7 +91,7 @@ def test_eager_without_mask_still_runs(ar_models, report) -> None:
     with make_runner("eager", device=models.device).prepare(lambda e: models.target.forward(None, e), (ids,), taps=moe_taps(models.target)) as run:
         result = run(models.target.embed(ids))
     finite = bool(torch.isfinite(result.output.logits).all())
-    report.verdict(Verdict(PASS if finite else FAIL, "finite_logits", int(finite), 1, "eager forward on embeddings alone"),
+    report.verdict(flag_rule(finite, metric="finite_logits", detail="eager forward on embeddings alone"),
                    case="eager-without-mask", better="equal")
     for use in observe_expert_use(models.target, result.taps, TOL["expert_observation"]):
         on_gen = int(use.used_gen.sum())
@@ -109,7 +109,8 @@ def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, m
         raise RuntimeError(f"probe-warning child exited {done.returncode} without a count: {done.stderr[-2000:]}")
     count = int(lines[-1].split()[1])
     report.verdict(
-        Verdict(PASS if count == 1 else FAIL, "missing_probe_warnings", count, 1, "25 forwards on a backend whose probe was removed, fresh process"),
+        count_rule(count, 1, metric="missing_probe_warnings", at=EXACTLY,
+                   detail="25 forwards on a backend whose probe was removed, fresh process"),
         case="missing-probe-warn-once",
         better="equal",
     )
@@ -123,7 +124,7 @@ def test_requires_raw_input_tokens(ar_models, report) -> None:
     holders = [type(models.target.module), *getattr(models.target, "ar_wrapper_classes", lambda: [])()]
     for holder in holders:
         value = getattr(holder, "requires_raw_input_tokens", False) is True
-        report.verdict(Verdict(PASS if value else FAIL, "requires_raw_input_tokens", int(value), 1, holder.__qualname__),
+        report.verdict(flag_rule(value, metric="requires_raw_input_tokens", detail=holder.__qualname__),
                        case=f"attribute-{holder.__name__}", better="equal")
     ids = models.ids(PROMPTS[2].rows)  # mixed: gen tokens present
     embeds = models.target.embed(ids)
@@ -134,8 +135,8 @@ def test_requires_raw_input_tokens(ar_models, report) -> None:
                 case="entry-passes-input-ids", site="logits")
     apart = float((entry - without_ids).abs().max())
     report.verdict(
-        Verdict(PASS if apart > 1e-3 else FAIL, "distance_from_ids_dropped", apart, 1e-3,
-                "the entry's logits must differ from an embeddings-only forward when the prompt holds gen tokens"),
+        threshold_rule(apart, 1e-3, metric="distance_from_ids_dropped", at=AT_LEAST,
+                       detail="the entry's logits must differ from an embeddings-only forward when the prompt holds gen tokens"),
         case="entry-passes-input-ids",
         better="higher",
     )
@@ -147,12 +148,12 @@ def test_pipeline_factory_seeds_gen_token_mask(ar_models, report) -> None:
     require_graph_support(models.target, "cpu_graph")
     factory = getattr(models.target.module, "make_empty_intermediate_tensors", None)
     if factory is None:
-        report.verdict(Verdict(FAIL, "factory_installed", 0, 1, "the module has no make_empty_intermediate_tensors"),
+        report.verdict(flag_rule(False, metric="factory_installed", detail="the module has no make_empty_intermediate_tensors"),
                        case="pp-empty-intermediate-tensors", better="equal")
         return
     tensors = factory(3, models.dtype, models.device)
     mask = tensors.get("gen_token_mask") if hasattr(tensors, "get") else None
     ok = mask is not None and mask.dtype == torch.bool and mask.shape[0] == 3 and not bool(mask.any())
     detail = "missing" if mask is None else f"{mask.dtype} {tuple(mask.shape)}"
-    report.verdict(Verdict(PASS if ok else FAIL, "gen_token_mask_seeded", int(ok), 1, f"gen_token_mask: {detail}"),
+    report.verdict(flag_rule(ok, metric="gen_token_mask_seeded", detail=f"gen_token_mask: {detail}"),
                    case="pp-empty-intermediate-tensors", better="equal")

@@ -5,7 +5,7 @@ gate), relative L2, cosine and ULP rows, argmax agreement on the logits, and the
 layer and row in the detail. fp32 on the CPU holds to a stated atol/rtol; bf16 on the GPU is
 judged against an fp64 golden with the noise-floor rule. Pinned too: in a mixed prompt, the first
 hidden row that differs from an und-only run of the same model is the first gen-vocabulary token
-(the observation of vllm-omni#9764: routing prompt gen tokens to gen_mlp changes exactly those).
+(the observation of vllm-project/vllm-omni#9764: routing prompt gen tokens to gen_mlp changes exactly those).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity.compare import FAIL, PASS, Verdict, diff
+from parity.compare import EXACTLY, count_rule, diff
 from parity.runners import make_runner
-from parity.suites.ar.support import PROMPTS, TOL, judge, skip_full_size_compile
+from parity.suites.ar.support import PROMPTS, TOL, Prompt, ids_of, judge, skip_full_size_compile
 from parity.suites.conftest import require_graph_support
 
 pytestmark = [pytest.mark.suite("numerics"), pytest.mark.keep_compile_cache]
@@ -28,37 +28,37 @@ def _tolerance(mode: str):
     return TOL[FP32_TOL.get(mode, "compiled_vs_eager_fp32")]
 
 
-def test_target_matches_reference_layer_by_layer(mode: str, ar_models, report) -> None:
+@pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))
+def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_models, report) -> None:
     models = ar_models
     require_graph_support(models.target, mode)
     skip_full_size_compile(models, mode)
+    report.case, report.mode = prompt.name, mode  # an exception's error row names this case
     runner = make_runner(mode, device=models.device, capture_registry=models.target.capture)
     tol = _tolerance(mode)
-    for prompt in PROMPTS:
-        with report.guard(case=prompt.name, mode=mode):
-            ids = models.ids(prompt.rows)
-            with runner.prepare(models.target.forward, (ids,), dummy="zeros", name="forward") as run:
-                got = run(ids).output
-            want = models.reference.forward(ids)
-            golden = models.golden.forward(ids) if models.golden is not None else None
-            sites = [(f"layer.{i}", got.hidden_states[i], want.hidden_states[i], golden.hidden_states[i] if golden else None)
-                     for i in range(len(want.hidden_states))]
-            sites.append(("logits", got.logits, want.logits, golden.logits if golden else None))
-            first = None
-            for site, candidate, reference, gold in sites:
-                measured = diff(reference, candidate, tol, name=site)
-                verdict = judge(models, candidate, reference, gold, tol, name=site)
-                report.verdict(verdict, case=prompt.name, mode=mode, site=site)
-                for metric in ("rel_l2", "cosine", "mean_abs", "max_ulp"):
-                    report.info(case=prompt.name, mode=mode, site=site, metric=metric, value=getattr(measured, metric),
-                                verdict=verdict.verdict, better="higher" if metric == "cosine" else "lower")
-                if first is None and not verdict.ok:
-                    first = f"{site} row {measured.first_bad_row} index {measured.first_bad_index}"
-            agree = diff(want.logits, got.logits, tol).argmax_agree
-            report.info(case=prompt.name, mode=mode, site="logits", metric="argmax_agree", value=agree, better="higher",
-                        detail="fraction of positions whose argmax token matches the reference's")
-            report.info(case=prompt.name, mode=mode, metric="first_divergence", value=0 if first is None else 1,
-                        detail=f"first diverging: {first}" if first else "no layer diverged beyond tolerance")
+    ids = models.ids(prompt.rows)
+    with runner.prepare(models.target.forward, (ids,), dummy="zeros", name="forward") as run:
+        got = run(ids).output
+    want = models.reference.forward(ids)
+    golden = models.golden.forward(ids) if models.golden is not None else None
+    sites = [(f"layer.{i}", got.hidden_states[i], want.hidden_states[i], golden.hidden_states[i] if golden else None)
+             for i in range(len(want.hidden_states))]
+    sites.append(("logits", got.logits, want.logits, golden.logits if golden else None))
+    first = None
+    for site, candidate, reference, gold in sites:
+        measured = diff(reference, candidate, tol, name=site)
+        verdict = judge(models, candidate, reference, gold, tol, name=site)
+        report.verdict(verdict, case=prompt.name, mode=mode, site=site)
+        for metric in ("rel_l2", "cosine", "mean_abs", "max_ulp"):
+            report.info(case=prompt.name, mode=mode, site=site, metric=metric, value=getattr(measured, metric),
+                        verdict=verdict.verdict, better="higher" if metric == "cosine" else "lower")
+        if first is None and not verdict.ok:
+            first = f"{site} row {measured.first_bad_row} index {measured.first_bad_index}"
+    agree = diff(want.logits, got.logits, tol).argmax_agree
+    report.info(case=prompt.name, mode=mode, site="logits", metric="argmax_agree", value=agree, better="higher",
+                detail="fraction of positions whose argmax token matches the reference's")
+    report.info(case=prompt.name, mode=mode, metric="first_divergence", value=0 if first is None else 1,
+                detail=f"first diverging: {first}" if first else "no layer diverged beyond tolerance")
 
 
 def _first_differing_position(a: torch.Tensor, b: torch.Tensor, tol) -> list[int | None]:
@@ -68,25 +68,25 @@ def _first_differing_position(a: torch.Tensor, b: torch.Tensor, tol) -> list[int
     return [int(row.nonzero()[0]) if bool(row.any()) else None for row in differs]
 
 
-def test_first_differing_row_is_the_first_gen_token(ar_models, report) -> None:
+@pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))
+def test_first_differing_row_is_the_first_gen_token(prompt: Prompt, ar_models, report) -> None:
     """Against an und-only run of the same model (embeddings without a mask: every token on the
     und expert), the first hidden row that changes is the first gen-vocabulary token."""
     models = ar_models
-    for prompt in PROMPTS:
-        ids = models.ids(prompt.rows)
-        gen = ids >= models.start
-        mixed_rows = [b for b in range(ids.shape[0]) if bool(gen[b].any()) and not bool(gen[b].all())]
-        if not mixed_rows:
-            continue
-        routed_states = models.target.forward(ids).hidden_states
-        routed = routed_states[-1]
-        und_only = models.target.forward(None, models.target.embed(ids)).hidden_states[-1]
-        observed = _first_differing_position(routed, und_only, TOL["graph_vs_eager_fp32"])
-        for b in mixed_rows:
-            expected = int(gen[b].nonzero()[0])
-            ok = observed[b] == expected
-            report.verdict(
-                Verdict(PASS if ok else FAIL, "first_differing_position", -1 if observed[b] is None else observed[b], expected,
-                        f"row {b}: first gen token at {expected} (id {int(ids[b, expected])}), first differing hidden row {observed[b]}"),
-                case=prompt.name, site=f"layer.{len(routed_states) - 1}", better="equal",
-            )
+    ids = models.ids(prompt.rows)
+    gen = ids >= models.start
+    mixed_rows = [b for b in range(ids.shape[0]) if bool(gen[b].any()) and not bool(gen[b].all())]
+    if not mixed_rows:
+        pytest.skip(f"{prompt.name}: no batch row mixes und and gen tokens, so no row is the first gen token")
+    routed_states = models.target.forward(ids).hidden_states
+    routed = routed_states[-1]
+    und_only = models.target.forward(None, models.target.embed(ids)).hidden_states[-1]
+    observed = _first_differing_position(routed, und_only, TOL["graph_vs_eager_fp32"])
+    for b in mixed_rows:
+        expected = int(gen[b].nonzero()[0])
+        position = -1 if observed[b] is None else observed[b]
+        report.verdict(
+            count_rule(position, expected, metric="first_differing_position", at=EXACTLY,
+                       detail=f"row {b}: first gen token at {expected} (id {int(ids[b, expected])}), first differing hidden row {observed[b]}"),
+            case=prompt.name, site=f"layer.{len(routed_states) - 1}", better="equal",
+        )

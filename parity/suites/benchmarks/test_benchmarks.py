@@ -2,7 +2,7 @@
 
 1. AR decode step, batch 1 and 8, context 1024 (64 on the CPU smoke lane), und-only traffic:
    eager single-expert dispatch, a graph of the same single-expert step, and the graph-captured
-   blend that runs both experts on every token (the blend tax: vllm-omni#9764 measured +25% end to
+   blend that runs both experts on every token (the blend tax: vllm-project/vllm-omni#9764 measured +25% end to
    end on an H200). Ratios: blend / single-expert graph (the tax), blend / eager, eager / graph.
 2. The decode step against the HBM floor: weight and KV-cache bytes read per step over the copy
    bandwidth measured in the same run.

@@ -3,7 +3,7 @@
 Each factory takes no argument and returns the built-in serving target with ONE run-time change
 applied to every DiT it loads or builds (an instance attribute, a bound method, or a class swap
 of existing submodules to a subclass); the shipped code in `serving_models/` is never edited.
-Each stands for a defect of vllm-omni#7455 (seed 002) or a port error the DiT suites must catch,
+Each stands for a defect of vllm-project/vllm-omni#7455 or a port error the DiT suites must catch,
 and names the suite and test that kill it (shown in `tests/test_suites_dit.py`).
 
 - `repeated_blocks_emptied`: `_repeated_blocks = []`, regional compile compiles nothing and runs
@@ -80,7 +80,7 @@ _BlockWithLengthSkip.__name__ = _BlockWithLengthSkip.__qualname__ = "Transformer
 
 def _rotate_half_layout(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE on pairs (i, i + D/2) (NeoX layout) with pair i's angle: wrong for this model,
-    whose pairs are interleaved (2i, 2i+1) (spec 4.4)."""
+    whose pairs are interleaved (2i, 2i+1) (docs/model.md §6)."""
     x = x.to(cos.dtype)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
@@ -134,7 +134,7 @@ def _skip_in_block(adapter: Any) -> None:
     _swap_class(adapter.module, dit_model.TransformerBlock, _BlockWithLengthSkip)
 
 
-LLM_ROPE_THETA = 1e6  # the Preview AR backbone's RoPE theta (spec 6.2); the DiT's is 10000
+LLM_ROPE_THETA = 1e6  # the Preview AR backbone's RoPE theta (docs/model.md §9); the DiT's is 10000
 
 
 def _llm_theta(adapter: Any) -> None:
@@ -149,13 +149,13 @@ def _compiled_rotate_half(adapter: Any) -> None:
 
 
 def repeated_blocks_emptied() -> DiTMutantTarget:
-    """`_repeated_blocks = []` (vllm-omni#7455 before the fix): nothing compiles; recompiles must fail."""
+    """`_repeated_blocks = []` (vllm-project/vllm-omni#7455 before the fix): nothing compiles; recompiles must fail."""
     return DiTMutantTarget("repeated_blocks_emptied", _empty_repeated_blocks)
 
 
 def empty_text_skip_in_block() -> DiTMutantTarget:
     """The block-level `if sequence_length == 0` short-circuit instead of the refiner skip
-    (vllm-omni#7455): CFG's zero-length stream compiles a new graph; recompiles must fail."""
+    (vllm-project/vllm-omni#7455): CFG's zero-length stream compiles a new graph; recompiles must fail."""
     return DiTMutantTarget("empty_text_skip_in_block", _skip_in_block)
 
 
@@ -185,12 +185,12 @@ MUTANTS = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Catalogue entries: DiT regional compile (vllm-omni#7455) and DiT numerics
+# Catalogue entries: DiT regional compile (vllm-project/vllm-omni#7455) and DiT numerics
 # ---------------------------------------------------------------------------------------------
 
 external(
     "dit-repeated-blocks-emptied",
-    defect="_repeated_blocks = []: regional compile compiles nothing and runs eager (vllm-omni#7455)",
+    defect="_repeated_blocks = []: regional compile compiles nothing and runs eager (vllm-project/vllm-omni#7455)",
     suite="recompiles",
     tests=("parity/suites/dit/test_recompiles.py",),
     target="parity.suites.dit.mutants:repeated_blocks_emptied",

@@ -154,6 +154,15 @@ def cases_for(table: str, size: str) -> list[Any]:
     return [case for case in CASES[table] if case.size == size]
 
 
+def require_size(table: str, case: Any, size: str) -> None:
+    """A test parametrized over every row of `table` runs the rows of this run's `size`: a row of
+    the other configuration is skipped, and a table without a row for `size` is an error."""
+    if not cases_for(table, size):
+        raise LookupError(f"cases/{CASE_FILE}: no [[{table}]] cases for size {size}")
+    if case.size != size:
+        pytest.skip(f"{case.name} is a {case.size} case; this run builds the {size} models")
+
+
 def lattice_for(size: str) -> RecompileLattice:
     try:
         return CASES["recompiles"][size]
@@ -285,7 +294,7 @@ def record_block_outputs(adapter: Any) -> tuple[dict[str, list[torch.Tensor]], l
 def block_codes(model: nn.Module, class_name: str) -> list[Any]:
     """The `forward` code objects of every submodule whose class is named `class_name`, in order.
 
-    Counting these (and nothing else) is the per-code-object counter of vllm-omni#7455."""
+    Counting these (and nothing else) is the per-code-object counter of vllm-project/vllm-omni#7455."""
     codes: dict[Any, None] = {}
     for module in model.modules():
         if type(module).__name__ == class_name:
@@ -300,7 +309,7 @@ def block_class() -> str:
 def count_block_compiles(ledger: CompileLedger, codes: list[Any]) -> int:
     """Frames compiled for the block's `forward` code objects only, never all frames: library code
     compiles frames of its own, and an all-frames count passed with regional compile off
-    (vllm-omni#7455). Suites call it through this module so a harness variant can replace it."""
+    (vllm-project/vllm-omni#7455). Suites call it through this module so a harness variant can replace it."""
     return sum(ledger.compiles(code) for code in codes)
 
 
@@ -316,7 +325,7 @@ def short_reason(text: str) -> str:
 
 
 def image_path(run_dir: Path, case: str, variant: str) -> Path:
-    """`<run_dir>/images/<case>/<variant>.png` (SUITES.md)."""
+    """`<run_dir>/images/<case>/<variant>.png`, where the review page looks for them (README, "Review")."""
     return run_dir / "images" / case / f"{variant}.png"
 
 
@@ -366,7 +375,7 @@ def compiled_for_comparison(report: Any, adapter: Any) -> Iterator[None]:
 
 def record_block_compiles(report: Any, ledger: CompileLedger, codes: list[Any], site: str) -> None:
     """Gate: the block's `forward` compiled at least once and its calls went through the compiled
-    code, so a compiled-vs-eager comparison is not eager against eager (vllm-omni#7455)."""
+    code, so a compiled-vs-eager comparison is not eager against eager (vllm-project/vllm-omni#7455)."""
     compiles = count_block_compiles(ledger, codes)
     calls = sum(ledger.calls(code) for code in codes)
     fallbacks = [fb for fb in ledger.eager_fallbacks() if fb.code in codes]

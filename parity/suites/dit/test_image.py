@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from parity.compare import FAIL, MEASURED, PASS
+from parity.compare import AT_LEAST, MEASURED, threshold_rule
 from parity.compare.images import psnr, ssim, write_png
 from parity.suites.conftest import require_graph_support
 from parity.suites.dit.support import (
+    CASES,
     DiTModels,
     ImageCase,
     ImageThreshold,
@@ -32,12 +33,13 @@ from parity.suites.dit.support import (
     compiled_for_comparison,
     image_path,
     image_threshold,
+    require_size,
     text_inputs,
 )
 
 pytestmark = pytest.mark.suite("image")
 
-DATA_RANGE = 255.0  # delivered uint8 images (practice.md section 6: declare it, record it)
+DATA_RANGE = 255.0  # delivered uint8 images (docs/images.md §3: declare it, record it)
 
 
 def generate(adapter: Any, models: DiTModels, case: ImageCase, seed_offset: int) -> np.ndarray:
@@ -105,15 +107,14 @@ def judge_pair(
     )
     gate = golden is None  # fp32: the pairwise numbers are the gates
     if gate and threshold.psnr_min_db is not None:
-        ok = p.value >= threshold.psnr_min_db
-        report.record(metric="psnr", value=p.value, threshold=threshold.psnr_min_db, verdict=PASS if ok else FAIL,
-                      detail=f"{pair}; {threshold.reason}", better="higher", **where)
+        report.verdict(threshold_rule(p.value, threshold.psnr_min_db, metric="psnr", at=AT_LEAST, detail=f"{pair}; {threshold.reason}"),
+                       better="higher", **where)
     else:
         report.info(metric="psnr", value=p.value, detail=pair, better="higher", **where)
     if gate and threshold.ssim_min is not None:
-        ok = s.value >= threshold.ssim_min
-        report.record(metric="ssim", value=s.value, threshold=threshold.ssim_min, verdict=PASS if ok else FAIL,
-                      detail=f"{pair}; SSIM Gaussian sigma 1.5 over RGB (channel_axis=-1)", better="higher", **where)
+        report.verdict(threshold_rule(s.value, threshold.ssim_min, metric="ssim", at=AT_LEAST,
+                                      detail=f"{pair}; SSIM Gaussian sigma 1.5 over RGB (channel_axis=-1)"),
+                       better="higher", **where)
     else:
         detail = f"{pair}; SSIM over RGB (channel_axis=-1)"
         report.info(metric="ssim", value=s.value, detail=detail, better="higher", **where)
@@ -125,42 +126,42 @@ def judge_pair(
     floor = psnr(golden_image, comp_image, data_range=DATA_RANGE).value
     cand = psnr(golden_image, cand_image, data_range=DATA_RANGE).value
     bound = floor - threshold.golden_max_drop_db
-    report.record(
-        metric="psnr_vs_golden",
-        value=cand,
-        threshold=bound,
-        verdict=PASS if cand >= bound else FAIL,
-        detail=f"PSNR({golden_path}, {cand_path}) = {cand:.2f} dB; PSNR({golden_path}, {comp_path}) = {floor:.2f} dB "
-        f"minus {threshold.golden_max_drop_db:g} dB; data_range={DATA_RANGE:g}; {threshold.reason}",
+    report.verdict(
+        threshold_rule(
+            cand, bound, metric="psnr_vs_golden", at=AT_LEAST,
+            detail=f"PSNR({golden_path}, {cand_path}) = {cand:.2f} dB; PSNR({golden_path}, {comp_path}) = {floor:.2f} dB "
+            f"minus {threshold.golden_max_drop_db:g} dB; data_range={DATA_RANGE:g}; {threshold.reason}",
+            bound=MEASURED,  # the comparison image's PSNR against the golden, measured in this run
+        ),
         better="higher",
-        bound=MEASURED,  # the comparison image's PSNR against the golden, measured in this run
         **where,
     )
 
 
-def test_serving_images_match_reference(dit_models: DiTModels, report, settings, run_dir, golden_images) -> None:
+@pytest.mark.parametrize("case", CASES["image"], ids=[c.name for c in CASES["image"]])
+def test_serving_images_match_reference(case: ImageCase, dit_models: DiTModels, report, settings, run_dir, golden_images) -> None:
     models = dit_models
+    require_size("image", case, models.size)
     threshold = image_threshold(models.dtype)
-    cases = cases_for("image", models.size)
-    assert cases, f"no [[image]] cases for size {models.size}"
-    for case in cases:
-        reference = generate(models.reference, models, case, settings.seed)
-        serving = generate(models.target, models, case, settings.seed)
-        golden = golden_images.get(models, case, settings.seed, run_dir)
-        judge_pair(
-            report,
-            threshold,
-            ("reference", reference, save(run_dir, case, "reference", reference)),
-            ("serving_eager", serving, save(run_dir, case, "serving_eager", serving)),
-            golden,
-            case=case.name,
-            mode="eager",
-            seed=case.seed + settings.seed,
-        )
+    report.case = case.name  # an exception's error row names this case
+    reference = generate(models.reference, models, case, settings.seed)
+    serving = generate(models.target, models, case, settings.seed)
+    golden = golden_images.get(models, case, settings.seed, run_dir)
+    judge_pair(
+        report,
+        threshold,
+        ("reference", reference, save(run_dir, case, "reference", reference)),
+        ("serving_eager", serving, save(run_dir, case, "serving_eager", serving)),
+        golden,
+        case=case.name,
+        mode="eager",
+        seed=case.seed + settings.seed,
+    )
 
 
 def test_compiled_images_match_eager(dit_models: DiTModels, report, settings, run_dir, golden_images) -> None:
-    """The whole sampling loop through regionally compiled blocks (Inductor), one compile for all cases."""
+    """The whole sampling loop through regionally compiled blocks (Inductor), one compile for all
+    cases: they share one test on purpose (the compiled module serves them all, as in serving)."""
     models = dit_models
     adapter = models.target
     require_graph_support(adapter, "compiled")

@@ -18,14 +18,18 @@ from typing import Any
 import pytest
 import torch
 
-from parity.compare import Tolerance, Verdict, diff, noise_floor_rule
+from parity.compare import Tolerance, Verdict, diff, flag_rule, noise_floor_rule
 from parity.suites.conftest import require_graph_support
 from parity.suites.dit.support import (
+    CASES,
+    BlockCase,
     DiTModels,
+    VelocityCase,
     cases_for,
     compiled_for_comparison,
     forward,
     record_block_outputs,
+    require_size,
     tolerance,
     velocity_inputs,
 )
@@ -59,26 +63,27 @@ def judge(
 
 
 def _magnitude(report: Any, tensor: torch.Tensor, **where: Any) -> None:
-    """|v| of the truth beside the diff: parity of near-zero outputs would be vacuous (spec 6.1)."""
+    """|v| of the truth beside the diff: parity of near-zero outputs would be vacuous
+    (docs/model.md §6, initialisation)."""
     t = tensor.detach().double()
     rms, peak = float(t.pow(2).mean().sqrt()), float(t.abs().max())
     report.info(metric="ref_rms", value=rms, detail=f"max |ref| {peak:.4g}", **where)
 
 
-def test_velocity_matches_reference(dit_models: DiTModels, report, settings) -> None:
+@pytest.mark.parametrize("case", CASES["velocity"], ids=[c.name for c in CASES["velocity"]])
+def test_velocity_matches_reference(case: VelocityCase, dit_models: DiTModels, report, settings) -> None:
     models = dit_models
+    require_size("velocity", case, models.size)
     tol = tolerance("serving_vs_reference", models.dtype)
-    cases = cases_for("velocity", models.size)
-    assert cases, f"no [[velocity]] cases for size {models.size}"
-    for case in cases:
-        seed = case.seed + settings.seed
-        inputs = velocity_inputs(models.config, case.height, case.width, case.text_lens, case.timestep, seed)
-        expected = forward(models.reference, inputs)
-        got = forward(models.target, inputs)
-        golden = forward(models.golden, inputs) if models.half else None
-        where = dict(case=case.name, site="velocity", mode="eager", seed=seed)
-        judge(report, expected, got, golden, tol, name=f"velocity {tuple(got.shape)}", **where)
-        _magnitude(report, golden if golden is not None else expected, **where)
+    seed = case.seed + settings.seed
+    report.case, report.seed = case.name, seed  # an exception's error row names this case
+    inputs = velocity_inputs(models.config, case.height, case.width, case.text_lens, case.timestep, seed)
+    expected = forward(models.reference, inputs)
+    got = forward(models.target, inputs)
+    golden = forward(models.golden, inputs) if models.half else None
+    where = dict(case=case.name, site="velocity", mode="eager", seed=seed)
+    judge(report, expected, got, golden, tol, name=f"velocity {tuple(got.shape)}", **where)
+    _magnitude(report, golden if golden is not None else expected, **where)
 
 
 def _block_outputs(adapter: Any, inputs: tuple[torch.Tensor, ...]) -> dict[str, list[torch.Tensor]]:
@@ -93,40 +98,38 @@ def _block_outputs(adapter: Any, inputs: tuple[torch.Tensor, ...]) -> dict[str, 
     return {name: [out for out in outs if out.numel()] for name, outs in outputs.items()}
 
 
-def test_blocks_match_reference(dit_models: DiTModels, report, settings) -> None:
+@pytest.mark.parametrize("case", CASES["blocks"], ids=[c.name for c in CASES["blocks"]])
+def test_blocks_match_reference(case: BlockCase, dit_models: DiTModels, report, settings) -> None:
     models = dit_models
+    require_size("blocks", case, models.size)
     tol = tolerance("blocks", models.dtype)
-    cases = cases_for("blocks", models.size)
-    assert cases, f"no [[blocks]] cases for size {models.size}"
-    for case in cases:
-        seed = case.seed + settings.seed
-        inputs = velocity_inputs(models.config, case.height, case.width, [case.text_len], case.timestep, seed)
-        expected = _block_outputs(models.reference, inputs)
-        got = _block_outputs(models.target, inputs)
-        golden = _block_outputs(models.golden, inputs) if models.half else None
-        for name, _ in models.reference.block_sites():
-            where = dict(case=case.name, site=f"block.{name}", mode="eager", seed=seed)
-            ref_calls, cand_calls = expected[name], got.get(name)
-            if cand_calls is None or len(cand_calls) != len(ref_calls):
-                found = "no such site" if cand_calls is None else f"{len(cand_calls)} non-empty calls"
-                report.record(
-                    metric="calls",
-                    value=None if cand_calls is None else len(cand_calls),
-                    threshold=len(ref_calls),
-                    verdict="fail",
-                    detail=f"{name}: the reference ran it {len(ref_calls)} times on non-empty input, "
-                    f"the target: {found}",
-                    **where,
-                )
-                continue
-            for i, (ref_out, cand_out) in enumerate(zip(ref_calls, cand_calls)):
-                gold = golden[name][i] if golden is not None else None
-                judge(report, ref_out, cand_out, gold, tol, name=f"{name} {tuple(cand_out.shape)}", **where)
+    seed = case.seed + settings.seed
+    report.case, report.seed = case.name, seed  # an exception's error row names this case
+    inputs = velocity_inputs(models.config, case.height, case.width, [case.text_len], case.timestep, seed)
+    expected = _block_outputs(models.reference, inputs)
+    got = _block_outputs(models.target, inputs)
+    golden = _block_outputs(models.golden, inputs) if models.half else None
+    for name, _ in models.reference.block_sites():
+        where = dict(case=case.name, site=f"block.{name}", mode="eager", seed=seed)
+        ref_calls, cand_calls = expected[name], got.get(name)
+        if cand_calls is None or len(cand_calls) != len(ref_calls):
+            found = "no such site" if cand_calls is None else f"{len(cand_calls)} non-empty calls"
+            report.verdict(
+                flag_rule(False, metric="calls", value=None if cand_calls is None else len(cand_calls), threshold=len(ref_calls),
+                          detail=f"{name}: the reference ran it {len(ref_calls)} times on non-empty input, the target: {found}"),
+                **where,
+            )
+            continue
+        for i, (ref_out, cand_out) in enumerate(zip(ref_calls, cand_calls)):
+            gold = golden[name][i] if golden is not None else None
+            judge(report, ref_out, cand_out, gold, tol, name=f"{name} {tuple(cand_out.shape)}", **where)
 
 
 def test_compiled_velocity_matches_eager(dit_models: DiTModels, report, settings) -> None:
     """Regional compile with Inductor (fullgraph, dynamic), one compile for all cases of the size;
-    eager outputs (and goldens) are taken first, on the same module."""
+    eager outputs (and goldens) are taken first, on the same module. The cases share one test on
+    purpose: the compiled module serves them all (one compile, as a serving engine pays it), where
+    one test per case would start each from an empty Dynamo cache."""
     models = dit_models
     adapter = models.target
     require_graph_support(adapter, "compiled")

@@ -1,6 +1,6 @@
 """Recompiles: regional compile of the target's DiT, then a lattice of shapes that must not recompile.
 
-The seed-002 defects (vllm-omni#7455) this suite stands against:
+The defects of vllm-project/vllm-omni#7455 this suite stands against:
 
 * `_repeated_blocks` missing or empty: the runner logs "Regional compilation skipped", runs eager,
   and every parity test passes. Here `regional_modules_compiled` is a gate row (>= 1) and the
@@ -14,7 +14,7 @@ The seed-002 defects (vllm-omni#7455) this suite stands against:
   compile and must not be counted.
 * Silent eager fallback past the recompile limit: `eager_fallback` is a gate row (0).
 
-Rows (SUITES.md): one per warm-up and lattice point, `case` = the shape
+Rows: one per warm-up and lattice point, `case` = the shape
 (`latent=32x64,text=0,cfg=on`), metrics `new_compiles` (gate) and `compiles` (info, cumulative),
 recompile reasons in the detail; then `regional_modules_compiled`, `graph_breaks`,
 `eager_fallback`, the control frame and the ledger's own rows.
@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 
-from parity.compare import FAIL, PASS
+from parity.compare import AT_LEAST, AT_MOST, EXACTLY, PASS, count_rule, flag_rule
 from parity.observe.compile_ledger import CompileEvent, CompileLedger, code_label, code_of
 from parity.observe.regional import compile_repeated_blocks
 from parity.suites.conftest import require_graph_support
@@ -123,13 +123,11 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
     report.seed = settings.seed
     report.mode = "compiled"
     if not codes:
-        report.record(
+        report.verdict(
+            count_rule(0, 1, metric="block_modules", at=AT_LEAST,
+                       detail=f"no submodule of {type(model).__name__} is a {block} (cases/{CASE_FILE} [models] block_class)"),
             case="dit-regional-compile",
-            metric="block_modules",
-            value=0,
-            threshold=1,
-            verdict=FAIL,
-            detail=f"no submodule of {type(model).__name__} is a {block} (cases/{CASE_FILE} [models] block_class)",
+            better="higher",
         )
         return
 
@@ -150,28 +148,21 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
                 new, seen = counter.take()
                 # "warm-up <shape>": a warm-up shape is visited again in the lattice, and each row
                 # needs its own key (suite, case, target, mode, site, metric) for baselines
-                report.record(
+                report.verdict(
+                    count_rule(new, warm.expected_compiles, metric="new_compiles", at=EXACTLY,
+                               detail=f"warm-up: expected {warm.expected_compiles} ({warm.reason}); seen: {seen}"),
                     case=f"warm-up {point.name}",
                     site=site,
-                    metric="new_compiles",
-                    value=new,
-                    threshold=warm.expected_compiles,
-                    verdict=PASS if new == warm.expected_compiles else FAIL,
-                    detail=f"warm-up: expected {warm.expected_compiles} ({warm.reason}); seen: {seen}",
                     better="equal",
                 )
                 report.info(case=f"warm-up {point.name}", site=site, metric="compiles", value=counter.total)
             for point in lattice_points(lattice):
                 run_point(adapter, dit_models.config, lattice, point)
                 new, seen = counter.take()
-                report.record(
+                report.verdict(
+                    count_rule(new, 0, metric="new_compiles", at=AT_MOST, detail=f"after warm-up: {seen}"),
                     case=point.name,
                     site=site,
-                    metric="new_compiles",
-                    value=new,
-                    threshold=0,
-                    verdict=PASS if new == 0 else FAIL,
-                    detail=f"after warm-up: {seen}",
                 )
                 report.info(case=point.name, site=site, metric="compiles", value=counter.total)
         finally:
@@ -183,37 +174,30 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
 def _summary_rows(report: Any, ledger: CompileLedger, codes: list[Any], control_code: Any, site: str) -> None:
     report.case = "summary"
     breaks = ledger.graph_breaks()
-    report.record(
+    report.verdict(
+        count_rule(sum(breaks.values()), 0, metric="graph_breaks", at=AT_MOST,
+                   detail="; ".join(f"{n}x {reason}" for reason, n in breaks.items()) or "none (fullgraph=True)"),
         site=site,
-        metric="graph_breaks",
-        value=sum(breaks.values()),
-        threshold=0,
-        verdict=PASS if not breaks else FAIL,
-        detail="; ".join(f"{n}x {reason}" for reason, n in breaks.items()) or "none (fullgraph=True)",
     )
     fallbacks = [fb for fb in ledger.eager_fallbacks() if fb.code in codes]
     calls = sum(ledger.calls(code) for code in codes)
     described = "; ".join(
         f"{fb.label}: {fb.limit_type} hit at call {fb.hit_at_call}, {fb.calls_since} calls since" for fb in fallbacks
     )
-    report.record(
+    # a limit hit is a failure even before any call fell back (calls_since 0): the flag decides,
+    # the row shows the calls that ran eager since
+    report.verdict(
+        flag_rule(not fallbacks, metric="eager_fallback", value=sum(fb.calls_since or 0 for fb in fallbacks), threshold=0,
+                  detail=described or f"no recompile limit hit; {calls} block calls went through the compiled forward"),
         site=site,
-        metric="eager_fallback",
-        value=sum(fb.calls_since or 0 for fb in fallbacks),
-        threshold=0,
-        verdict=PASS if not fallbacks else FAIL,
-        detail=described or f"no recompile limit hit; {calls} block calls went through the compiled forward",
     )
     control_compiles = ledger.compiles(control_code)
-    report.record(
+    report.verdict(
+        count_rule(control_compiles, 1, metric="control_frame_compiles", at=AT_LEAST,
+                   detail="a frame outside the block region (the decoder, compiled on its own) compiled and was not "
+                   f"counted against {site}: all frames compiled {ledger.compiles()}, block frames "
+                   f"{dit_support.count_block_compiles(ledger, codes)}"),
         site=code_label(control_code),
-        metric="control_frame_compiles",
-        value=control_compiles,
-        threshold=1,
-        verdict=PASS if control_compiles >= 1 else FAIL,
-        detail="a frame outside the block region (the decoder, compiled on its own) compiled and was not "
-        f"counted against {site}: all frames compiled {ledger.compiles()}, block frames "
-        f"{dit_support.count_block_compiles(ledger, codes)}",
         better="higher",
     )
     for row in ledger.rows():  # every code object Dynamo touched, with its reasons (counts: info)

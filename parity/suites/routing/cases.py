@@ -24,7 +24,8 @@ CASE_FILE = "routing.toml"
 
 @dataclasses.dataclass(frozen=True)
 class Kind:
-    """A routing configuration family: §2 softmax or §3 grouped sigmoid with a correction bias."""
+    """A routing configuration family: softmax (docs/routing.md §2) or grouped sigmoid with a
+    correction bias (docs/routing.md §3)."""
 
     name: str
     scoring: Literal["softmax", "sigmoid"]

@@ -29,7 +29,8 @@ def _patch(name: str, replacement: Callable[..., Any]) -> None:
 
 
 def serving_ignores_valid_rows() -> ServingTarget:
-    """Router ignores `num_valid_rows`: pad rows are routed to real experts (vllm#50757, Megatron-LM#5841); pad- and rank- must fail."""
+    """Router ignores `num_valid_rows`: pad rows are routed to real experts (vllm-project/vllm#50757,
+    NVIDIA/Megatron-LM#5841); pad- and rank- must fail."""
     original = _ORIGINALS.get("select_experts", routing.select_experts)
 
     def select_experts(logits: torch.Tensor, k: int, *, num_valid_rows: torch.Tensor | None = None, **options: Any):
@@ -40,7 +41,8 @@ def serving_ignores_valid_rows() -> ServingTarget:
 
 
 def serving_ties_to_highest_id() -> ServingTarget:
-    """Equal keys rank the higher expert id first (AITER Triton routing's packed key, moe_routing.md §7); tie- and bf16 grid- must fail."""
+    """Equal keys rank the higher expert id first (AITER Triton routing's packed key,
+    docs/routing.md §7); tie- and bf16 grid- must fail."""
 
     def highest_id_first(keys: torch.Tensor) -> torch.Tensor:
         canonical = torch.where(keys == 0, torch.zeros_like(keys), keys)
@@ -64,12 +66,12 @@ def serving_count_on_host() -> ServingTarget:
 
 
 # ---------------------------------------------------------------------------------------------
-# Catalogue entries: MoE routing (ROCm/ATOM#2725, aiter#6916)
+# Catalogue entries: MoE routing (ROCm/ATOM#2725, ROCm/aiter#6916)
 # ---------------------------------------------------------------------------------------------
 
 external(
     "router-ignores-num-valid-rows",
-    defect="the router ignores num_valid_rows: pad rows are dispatched to real experts (vllm#50757)",
+    defect="the router ignores num_valid_rows: pad rows are dispatched to real experts (vllm-project/vllm#50757)",
     suite="routing",
     tests=("parity/suites/routing/test_edges.py", "-k", "pad-"),
     target="parity.suites.routing.mutants:serving_ignores_valid_rows",

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from parity.compare import ERROR, FAIL, PASS
+from parity.compare import AT_MOST, ERROR, count_rule
 from reference_models.routing import router as reference
 from parity.suites.routing.cases import CASES, KINDS, TOL_EXACT, TOL_WEIGHTS, RankCase, RankSpec
 from parity.suites.routing.support import (
@@ -195,8 +195,8 @@ def rank_rows(case: RankCase, kind: str, results: dict[int, dict[str, Any]], see
 
     disagree = [f"{path}.{field}" for path in mine for field in GATHERED_FIELDS
                 if not torch.equal(mine[path][field], results[1][name][path][field])]
-    rows.append(Row(name, "ranks_disagree", len(disagree), FAIL if disagree else PASS, 0,
-                    f"rank 0 vs rank 1 gathered tensors: {', '.join(disagree) or 'identical'} {note}"))
+    rows.append(Row.of(name, count_rule(len(disagree), 0, metric="ranks_disagree", at=AT_MOST,
+                                        detail=f"rank 0 vs rank 1 gathered tensors: {', '.join(disagree) or 'identical'} {note}")))
     before, after = mine["route_then_gather"], mine["gather_then_route"]
     rows.append(ids_row(name, before["ids"], after["ids"], site="gather_then_route", what="route_then_gather result"))
     rows.append(weights_row(name, before["weights"], after["weights"], TOL_EXACT, site="gather_then_route", note=note))
@@ -205,11 +205,11 @@ def rank_rows(case: RankCase, kind: str, results: dict[int, dict[str, Any]], see
     for path, got in (("route_then_gather", before), ("gather_then_route", after)):
         shape_ok = got["hidden"].shape == expected["hidden"].shape
         misaligned = (got["hidden"][real] != expected["hidden"][real]).any(dim=1).nonzero().flatten() if shape_ok else torch.arange(int(real.sum()))
-        rows.append(Row(name, "rows_misaligned", int(misaligned.numel()), FAIL if misaligned.numel() else PASS, 0,
-                        f"real gathered rows whose hidden state is not the owner's row: {rows_text(misaligned) or 'none'} {note}", path))
+        rows.append(Row.of(name, count_rule(int(misaligned.numel()), 0, metric="rows_misaligned", at=AT_MOST,
+                                            detail=f"real gathered rows whose hidden state is not the owner's row: {rows_text(misaligned) or 'none'} {note}"), path))
         counts_ok = torch.equal(got["counts"].to(torch.int64).reshape(-1), expected["counts"])
-        rows.append(Row(name, "counts_mismatch", 0 if counts_ok else 1, PASS if counts_ok else FAIL, 0,
-                        f"gathered counts {got['counts'].tolist()} vs clamp(n_valid, 0, rows) {expected['counts'].tolist()} {note}", path))
+        rows.append(Row.of(name, count_rule(0 if counts_ok else 1, 0, metric="counts_mismatch", at=AT_MOST,
+                                            detail=f"gathered counts {got['counts'].tolist()} vs clamp(n_valid, 0, rows) {expected['counts'].tolist()} {note}"), path))
     return rows
 
 

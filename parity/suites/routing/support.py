@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from parity.cases import CaseFileError, case_path
-from parity.compare import ERROR, FAIL, PASS, TIE_FLIP, Tolerance, diff, noise_floor_rule
+from parity.compare import AT_MOST, ERROR, FAIL, PASS, TIE_FLIP, Tolerance, Verdict, count_rule, diff, noise_floor_rule
 from parity.runners.base import CaptureError
 from reference_models.routing import router as reference
 from parity.suites.routing.cases import (
@@ -129,6 +129,12 @@ class Row:
     better: str = "lower"
     bound: str | None = None  # `measured` for a threshold derived from this run's noise (parity.compare.MEASURED)
 
+    @classmethod
+    def of(cls, case: str, verdict: Verdict, site: str = "", *, better: str = "lower") -> Row:
+        """The gate row of a `Verdict` from one of the rules in parity.compare."""
+        return cls(case, verdict.metric, verdict.value, verdict.verdict, verdict.threshold, verdict.detail, site,
+                   better=better, bound=verdict.bound)
+
     @property
     def failed(self) -> bool:
         return self.kind == "gate" and self.verdict in (FAIL, ERROR)
@@ -150,9 +156,9 @@ def unpack(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def contract_violations(result: Any, rows: int, k: int, num_shared: int, num_experts: int) -> list[str]:
-    """R4/R5/R7 and §9 families 10-11: a named pair (weights, ids), int32 ids, fp32 weights, shape
-    [T, k+S]; weights finite and >= 0, 0 on -1 slots; routed ids -1 or in [0, E) and distinct per
-    row; shared column i holds -1 or E + i."""
+    """The contract (docs/routing.md §1 and §5; R4, R5, R7): a named pair (weights, ids), int32 ids,
+    fp32 weights, shape [T, k+S]; weights finite and >= 0, 0 on -1 slots; routed ids -1 or in
+    [0, E) and distinct per row; shared column i holds -1 or E + i."""
     problems = []
     width = k + num_shared
     fields = getattr(result, "_fields", None)
@@ -185,7 +191,7 @@ def contract_violations(result: Any, rows: int, k: int, num_shared: int, num_exp
 
 def contract_row(case: str, result: Any, rows: int, k: int, num_shared: int, num_experts: int) -> Row:
     problems = contract_violations(result, rows, k, num_shared, num_experts)
-    return Row(case, "contract_violations", len(problems), FAIL if problems else PASS, 0, "; ".join(problems) or "ok")
+    return Row.of(case, count_rule(len(problems), 0, metric="contract_violations", at=AT_MOST, detail="; ".join(problems) or "ok"))
 
 
 def differing_rows(ref_ids: torch.Tensor, cand_ids: torch.Tensor) -> torch.Tensor:
@@ -204,13 +210,14 @@ def ids_row(case: str, ref_ids: torch.Tensor, cand_ids: torch.Tensor, *, site: s
     """Gate: ids must be equal; value = number of differing rows."""
     rows = differing_rows(ref_ids, cand_ids)
     if rows.numel() == 0:
-        return Row(case, "ids_mismatch", 0, PASS, 0, f"ids equal to the {what} ({ref_ids.shape[0]} rows)", site)
-    first = int(rows[0])
-    detail = (
-        f"{rows.numel()}/{ref_ids.shape[0]} rows differ from the {what}: rows {rows_text(rows)}; "
-        f"row {first}: {what} {ref_ids[first].tolist()} vs target {cand_ids[first].tolist()}"
-    )
-    return Row(case, "ids_mismatch", int(rows.numel()), FAIL, 0, detail, site)
+        detail = f"ids equal to the {what} ({ref_ids.shape[0]} rows)"
+    else:
+        first = int(rows[0])
+        detail = (
+            f"{rows.numel()}/{ref_ids.shape[0]} rows differ from the {what}: rows {rows_text(rows)}; "
+            f"row {first}: {what} {ref_ids[first].tolist()} vs target {cand_ids[first].tolist()}"
+        )
+    return Row.of(case, count_rule(int(rows.numel()), 0, metric="ids_mismatch", at=AT_MOST, detail=detail), site)
 
 
 def weights_row(case: str, ref_w: torch.Tensor, cand_w: torch.Tensor, tol: Tolerance, *, site: str = "", note: str = "") -> Row:
@@ -222,14 +229,14 @@ def weights_row(case: str, ref_w: torch.Tensor, cand_w: torch.Tensor, tol: Toler
 
 
 # ---------------------------------------------------------------------------------------------
-# Near-tie audit (practice.md §2)
+# Near-tie audit (docs/tolerances.md §3)
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
     """One differing row of the target, classified: a decision inside the dtype's noise is a
-    `tie_flip`; anything else (an exact tie has R3's rule, a wide margin has no excuse) a `fail`."""
+    `tie_flip`; anything else (an exact tie has the rule docs/routing.md R3, a wide margin has no excuse) a `fail`."""
 
     row: int
     where: str  # "k-boundary" (the expert set differs), "slot j" (order inside the set), "shared"
@@ -294,7 +301,7 @@ def audited_ids_row(case: str, decisions: list[Decision], rows: int, dtype_name:
     rule = (
         "fp32 logits: ids must equal the reference's"
         if exact
-        else f"a differing decision is a tie_flip when 0 < margin <= {spacings:g} {dtype_name} spacings (practice.md §2)"
+        else f"a differing decision is a tie_flip when 0 < margin <= {spacings:g} {dtype_name} spacings (docs/tolerances.md §3)"
     )
     if not decisions:
         return Row(case, "ids_mismatch", 0, PASS, 0, f"ids equal to the reference ({rows} rows); {rule}")
@@ -427,7 +434,7 @@ def edge_options(case: EdgeCase, device: torch.device) -> dict[str, Any]:
 
 
 def edge_rows(router: Any, case: EdgeCase, dtype: str, device: torch.device) -> list[Row]:
-    """The rule (hand-written ids), the reference (ids exact, weights within §2), the contract."""
+    """The rule (hand-written ids), the reference (ids exact, weights within docs/routing.md §2), the contract."""
     name = f"{case.name}-{dtype}"
     logits = edge_logits(case).to(DTYPES[dtype]).to(device)
     options = edge_options(case, device)
@@ -493,7 +500,7 @@ def pad_rows(router: Any, point: PadPoint, device: torch.device, seed: int) -> l
     if routed_pads.numel():
         first = int(routed_pads[0])
         detail += f"; routed: rows {rows_text(routed_pads)}; row {first}: ids {ids[first].tolist()} weights {weights[first].tolist()}"
-    rows.append(Row(name, "pad_routes", int(routed_pads.numel()), FAIL if routed_pads.numel() else PASS, 0, detail, "pad_rows"))
+    rows.append(Row.of(name, count_rule(int(routed_pads.numel()), 0, metric="pad_routes", at=AT_MOST, detail=detail), "pad_rows"))
 
     unpadded = router.select_experts(logits[:real].clone(), spec.k, **options)
     un_w, un_ids = unpack(unpadded)
@@ -632,7 +639,8 @@ def load_rows(router: Any, rows_: int, replicas: int, count: int, device: torch.
     logits = fill_pad_rows(2.0 * torch.randn(rows_, spec.experts, generator=gen), real, "garbage", gen).to(device)
     options = routing_options(kind, spec.experts, spec.k, True, make_bias(kind, spec.experts, seed, device))
     routed = unpack(router.select_experts(logits, spec.k, num_valid_rows=count_tensor(count, device), **options))[1]
-    routed_ids = routed[:, : spec.k].contiguous()  # §5: remap the routed columns; shared ones are appended after
+    # docs/routing.md §5: remap the routed columns; the shared ones are appended after
+    routed_ids = routed[:, : spec.k].contiguous()
     num_physical = spec.experts * replicas
     raw_ids = ids_with_holes(rows_, spec.experts, RAW_ID_WIDTH, num_physical + 1, gen).to(device)
     table = replica_table(spec.experts, replicas, device)
@@ -643,14 +651,16 @@ def load_rows(router: Any, rows_: int, replicas: int, count: int, device: torch.
         want = reference.expert_load(ids, count, num_physical)
         wrong = (load.detach().cpu().to(torch.int64) != want.cpu()).nonzero().flatten() if load.shape == want.shape else torch.arange(num_physical)
         detail = f"routes per physical expert on {real} real rows of {rows_}: target {load.tolist()} vs reference {want.tolist()}"
-        rows.append(Row(name, "load_mismatch", int(wrong.numel()), FAIL if wrong.numel() else PASS, 0, detail, site))
+        rows.append(Row.of(name, count_rule(int(wrong.numel()), 0, metric="load_mismatch", at=AT_MOST, detail=detail), site))
 
         physical = router.remap(ids, table, choice)
         expected = reference.remap(ids, table, choice)
         bad = (physical.detach().cpu().to(torch.int64) != expected.cpu().to(torch.int64))
         first = "" if not bad.any() else f"; first at {tuple(int(i) for i in bad.nonzero()[0])}: {int(ids.cpu()[tuple(bad.nonzero()[0])])} -> {int(physical.cpu()[tuple(bad.nonzero()[0])])}, expected {int(expected.cpu()[tuple(bad.nonzero()[0])])}"
-        rows.append(Row(name, "remap_mismatch", int(bad.sum()), FAIL if bad.any() else PASS, 0, f"{ids.numel()} ids, {replicas} replicas{first}", site))
+        rows.append(Row.of(name, count_rule(int(bad.sum()), 0, metric="remap_mismatch", at=AT_MOST,
+                                            detail=f"{ids.numel()} ids, {replicas} replicas{first}"), site))
         holes = ids.detach().cpu() == -1
         changed = int((physical.detach().cpu()[holes] != -1).sum())
-        rows.append(Row(name, "minus_one_changed", changed, FAIL if changed else PASS, 0, f"{int(holes.sum())} -1 ids must pass through unchanged", site))
+        rows.append(Row.of(name, count_rule(changed, 0, metric="minus_one_changed", at=AT_MOST,
+                                            detail=f"{int(holes.sum())} -1 ids must pass through unchanged"), site))
     return rows

@@ -1,6 +1,6 @@
 """Routing suite, consumers of the ids (`load-`): the expert-load counter counts routes of real
 rows only (pad rows skipped by the device-side count, even when they hold valid-looking ids) and
-the EPLB remap passes -1 and ids outside [0, E) through (moe_routing.md §4, §6)."""
+the EPLB remap passes -1 and ids outside [0, E) through (docs/routing.md §4, §6)."""
 
 from __future__ import annotations
 

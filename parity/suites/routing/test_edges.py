@@ -1,8 +1,8 @@
 """Routing suite, edge rows: exact ties (`tie-`), candidates (`nan-`: NaN, ±inf, fewer than k
 finite logits, group masks) and pad rows past the device-side valid-row count (`pad-`).
 
-tie- / nan-: hand-built rows with hand-written expected ids (moe_routing.md R2-R4), on fp32 and
-bf16 logits; the target must give exactly those ids, the reference's ids, weights within §2's
+tie- / nan-: hand-built rows with hand-written expected ids (docs/routing.md R2-R4), on fp32 and
+bf16 logits; the target must give exactly those ids, the reference's ids, weights within docs/routing.md §2's
 bound, and keep the output contract. pad-: for counts 0, 1, T-1, T (and T+3, -1, which clamp) with
 garbage or NaN logits in the pad rows, pads are -1 / 0 in every column and real rows equal an
 unpadded run bit for bit (R6, R8).

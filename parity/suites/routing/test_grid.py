@@ -1,11 +1,11 @@
 """Routing suite, random sweep (`grid-` cases): the target's router against the reference.
 
 512 points: E {8, 40, 64, 256} x k {1, 2, 4, 8} x T {1, 7, 64, 513} x fp32 / bf16 logits x
-renormalize on / off x softmax (§2) / grouped sigmoid with a negative correction bias (§3). Per
-point: the output contract, ids (fp32: equal to the reference's; bf16: every differing decision
-audited by its margin, practice.md §2), weights within §2's bound of the reference where the ids
-agree, and the noise-floor rule against the reference's fp64 golden weights. Parameters and
-tolerances: `cases/routing.toml`.
+renormalize on / off x softmax (docs/routing.md §2) / grouped sigmoid with a negative correction
+bias (docs/routing.md §3). Per point: the output contract, ids (fp32: equal to the reference's;
+bf16: every differing decision audited by its margin, docs/tolerances.md §3), weights within the
+bound of docs/routing.md §2 of the reference where the ids agree, and the noise-floor rule against
+the reference's fp64 golden weights. Parameters and tolerances: `cases/routing.toml`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Routing suite, invariance: one capture replayed while the count changes (`replay-`) and a row
-routed alone, inside a batch, anywhere in it (`batch-`). Both bit for bit (R8).
+routed alone, inside a batch, anywhere in it (`batch-`). Both bit for bit (docs/routing.md R8).
 
 replay-: the harness runner records the target's router once at capacity C on its all-zero
 dummy inputs (`cpu_graph` on the CPU, `cuda_graph` on CUDA), then each step copies new logits and

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from parity.cases import Table, load_case_file
-from parity.compare import FAIL, PASS, Tolerance, diff, ulp_distance
+from parity.compare import AT_MOST, EXACTLY, Tolerance, count_rule, diff, threshold_rule, ulp_distance
 from parity.compare.images import psnr
 
 pytestmark = pytest.mark.suite("selfcheck")
@@ -73,8 +73,9 @@ def _ids(cases):
     return [c.name for c in cases]
 
 
-def _close(value: float, expected: float) -> bool:
-    return math.isclose(value, expected, rel_tol=TOL.rtol, abs_tol=TOL.atol)
+def _bound(expected: float) -> float:
+    """The closed-form tolerance at `expected`: allclose's `atol + rtol * |expected|`."""
+    return TOL.atol + TOL.rtol * abs(expected)
 
 
 @pytest.mark.parametrize("case", CASES["psnr"], ids=_ids(CASES["psnr"]))
@@ -89,13 +90,10 @@ def test_psnr_closed_form(case: PsnrCase, report) -> None:
     expected = 10 * math.log10(case.data_range**2 / case.offset**2)
     score = psnr(ref, cand, data_range=case.data_range)
     error = abs(score.value - expected)
-    report.record(
+    report.verdict(
+        threshold_rule(error, _bound(expected), metric="psnr_error_db", at=AT_MOST,
+                       detail=f"psnr={score.value:.6f} expected={expected:.6f} data_range={score.data_range:g} ({TOL.reason})"),
         case=case.name,
-        metric="psnr_error_db",
-        value=error,
-        threshold=TOL.atol + TOL.rtol * expected,
-        verdict=PASS if _close(score.value, expected) else FAIL,
-        detail=f"psnr={score.value:.6f} expected={expected:.6f} data_range={score.data_range:g} ({TOL.reason})",
     )
 
 
@@ -103,13 +101,11 @@ def test_psnr_closed_form(case: PsnrCase, report) -> None:
 def test_cosine_closed_form(case: CosineCase, report) -> None:
     measured = diff(torch.tensor(case.a, dtype=torch.float64), torch.tensor(case.b, dtype=torch.float64), name=case.name)
     error = abs(measured.cosine - case.expected)
-    report.record(
+    report.verdict(
+        # |cosine| <= 1, so rtol * |expected| never exceeds atol here: the bound is atol
+        threshold_rule(error, TOL.atol, metric="cosine_error", at=AT_MOST,
+                       detail=f"cosine={measured.cosine!r} expected={case.expected} ({TOL.reason})"),
         case=case.name,
-        metric="cosine_error",
-        value=error,
-        threshold=TOL.atol,
-        verdict=PASS if _close(measured.cosine, case.expected) else FAIL,
-        detail=f"cosine={measured.cosine!r} expected={case.expected} ({TOL.reason})",
     )
 
 
@@ -121,14 +117,11 @@ def test_ulp_distance_of_neighbours(case: UlpCase, report) -> None:
     for _ in range(case.steps):
         neighbour = torch.nextafter(neighbour, torch.tensor([math.inf], dtype=dtype))
     distance = int(ulp_distance(start, neighbour)[0])
-    report.record(
+    report.verdict(
+        count_rule(distance, case.steps, metric="ulp_distance", at=EXACTLY,
+                   detail=f"{case.value!r} to its {case.steps}-th next {case.dtype} neighbour {float(neighbour[0])!r}"),
         case=case.name,
-        metric="ulp_distance",
-        value=distance,
-        threshold=case.steps,
-        verdict=PASS if distance == case.steps else FAIL,
         better="equal",
-        detail=f"{case.value!r} to its {case.steps}-th next {case.dtype} neighbour {float(neighbour[0])!r}",
     )
 
 

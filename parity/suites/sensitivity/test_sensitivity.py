@@ -7,7 +7,7 @@ leak), and records whether a gate row of the mutant's suite failed, with the row
 A survivor is a gap in a suite and fails here. A mutant that cannot show on this lane (an
 equivalent mutant at that configuration) is recorded `not_applicable` with its reason: never a
 pass, and not counted as applicable. The correct target must raise no alarm on the same
-selections under three other seeds (no false alarms). vllm-omni#7455's lesson: emptying
+selections under three other seeds (no false alarms). vllm-project/vllm-omni#7455's lesson: emptying
 `_repeated_blocks` passed all four tests of the original compile-parity suite.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from parity.compare import FAIL, NOT_APPLICABLE, PASS, Verdict
+from parity.compare import NOT_APPLICABLE, Verdict, flag_rule
 from parity.env import PROJECT_ROOT
 from parity.suites.sensitivity.sessions import DEFAULT_PRELOAD, PytestForkServer
 from parity.report import read_results
@@ -93,7 +93,7 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
         detail = f"SURVIVED on the {where}: exit {code}, no failing {mutant.suite} row ({tail[:300]})"
     if kill.why:
         detail += f" [{kill.why}]"
-    report.verdict(Verdict(PASS if killed else FAIL, "killed", int(killed), 1, f"{mutant.defect} || {detail}"),
+    report.verdict(flag_rule(killed, metric="killed", detail=f"{mutant.defect} || {detail}"),
                    case=name, mode=mutant.suite, better="equal")
 
 
@@ -139,4 +139,6 @@ def test_correct_target_raises_no_alarm(seed: int, report, settings, sessions, t
            + "; ".join(f"{r.suite}/{r.case}/{r.mode} {r.metric}={r.value}" for r in found.head(5).itertuples())
            + " " + " ".join(tails))
     )
-    report.verdict(Verdict(PASS if ok else FAIL, "false_alarms", len(found), 0, detail), case=f"correct-target-seed-{seed}", mode="all")
+    # no alarm row, and every child exited cleanly with rows: the flag decides, the row counts the alarms
+    report.verdict(flag_rule(ok, metric="false_alarms", value=len(found), threshold=0, detail=detail),
+                   case=f"correct-target-seed-{seed}", mode="all")
