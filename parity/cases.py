@@ -213,7 +213,9 @@ def _extend(loaded: dict[str, Any], extra: dict[str, Any], schema: Mapping[str, 
                     raise CaseFileError(f"{label}: table [{name}] case {record.name!r}: a case of that name is already in {base}")
             loaded[name] = [*loaded[name], *extra[name]]
         else:
-            raise CaseFileError(f"{label}: table [{name}]: a single table, already set in {base} (extra case files add cases, they do not replace settings)")
+            raise CaseFileError(
+                f"{label}: table [{name}]: a single table, already set in {base} (extra case files add cases, they do not replace settings)"
+            )
 
 
 def _load_one(path: Path, schema: Mapping[str, Table], *, partial: bool) -> dict[str, Any]:

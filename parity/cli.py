@@ -92,7 +92,13 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
         help="run directory with results.csv (default: the latest under reports/runs)",
     )
     which = review.add_mutually_exclusive_group()
-    which.add_argument("--baseline", type=Path, default=None, metavar="RUN_DIR_OR_CSV", help="compare with this run directory or CSV instead of the committed baseline")
+    which.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR_OR_CSV",
+        help="compare with this run directory or CSV instead of the committed baseline",
+    )
     which.add_argument("--no-baseline", action="store_true", help="do not compare with any baseline")
     review.add_argument(
         "--margin",
@@ -111,7 +117,9 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
             "and dtype); give RUN_DIR before this option"
         ),
     )
-    review.add_argument("--all", action="store_true", dest="show_all", help="list passing gate rows too, not just failing and tie-flip ones")
+    review.add_argument(
+        "--all", action="store_true", dest="show_all", help="list passing gate rows too, not just failing and tie-flip ones"
+    )
     review.set_defaults(func=cmd_review)
 
 
@@ -170,8 +178,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if score is not None:
         print(score.line())
     try:
-        from parity.report.review import load_review
         from parity.report.page import write_page
+        from parity.report.review import load_review
 
         print(f"review page: {write_page(load_review(run_dir, use_default_baseline=False))}")
     except Exception as exc:  # a broken page must not hide the verdicts printed above, but must not pass
@@ -185,8 +193,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_review(args: argparse.Namespace) -> int:
     from parity.report.baseline import BaselineError, default_baseline_path, write_baseline
-    from parity.report.review import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, format_review, latest_run_dir, load_review
     from parity.report.page import write_page
+    from parity.report.review import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, format_review, latest_run_dir, load_review
 
     try:
         run_dir = args.run_dir or latest_run_dir(DEFAULT_REPORT_DIR)

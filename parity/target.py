@@ -27,9 +27,7 @@ def factory_path(spec: str) -> str:
     if spec in BUILTIN_TARGETS:
         return BUILTIN_TARGETS[spec]
     if ":" not in spec:
-        raise TargetError(
-            f"--target {spec!r}: expected one of {', '.join(BUILTIN_TARGETS)} or 'package.module:factory'"
-        )
+        raise TargetError(f"--target {spec!r}: expected one of {', '.join(BUILTIN_TARGETS)} or 'package.module:factory'")
     return spec
 
 
@@ -99,7 +97,17 @@ class DiTAdapter(Protocol):
 
     def forward(self, latents: Any, timestep: Any, text_states: Any, text_mask: Any) -> Any: ...
     def block_sites(self) -> list[tuple[str, Any]]: ...
-    def sample(self, text_states: Any, text_mask: Any, height: int, width: int, steps: int, guidance_scale: float, cfg_range: Any = ..., seed: int = 0) -> Any: ...
+    def sample(
+        self,
+        text_states: Any,
+        text_mask: Any,
+        height: int,
+        width: int,
+        steps: int,
+        guidance_scale: float,
+        cfg_range: Any = ...,
+        seed: int = 0,
+    ) -> Any: ...
     def decode(self, latents: Any) -> Any: ...
     def text_condition(self, length: int, seed: int, batch: int = 1) -> Any: ...
 
@@ -133,7 +141,7 @@ class Target(Protocol):
 
 def missing_members(obj: Any, protocol: type) -> list[str]:
     """Members of `protocol` that `obj` lacks (attributes and methods), in declaration order."""
-    names = [n for n in getattr(protocol, "__annotations__", {})]
+    names = list(getattr(protocol, "__annotations__", {}))
     names += [n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")]
     return [n for n in dict.fromkeys(names) if not hasattr(obj, n)]
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reference_models.common import hf_checkpoint
 from reference_models.ar.config import MammothModa2ARConfig, ar_config
 from reference_models.ar.model import MammothModa2ForCausalLM, Qwen2RMSNorm
+from reference_models.common import hf_checkpoint
 from reference_models.dit.checkpoint import make_dit_checkpoint
 
 INIT_STD = 0.02

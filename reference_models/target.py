@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
+from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.common import capture
 from reference_models.dit import adapter as dit_adapter
 from reference_models.routing import adapter as routing_adapter
-from reference_models.ar.adapter import ReferenceARAdapter
 
 
 class ReferenceTarget:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
+from serving_models.ar.adapter import ServingARAdapter
 from serving_models.common import capture
 from serving_models.dit import adapter as dit_adapter
 from serving_models.routing import adapter as routing_adapter
-from serving_models.ar.adapter import ServingARAdapter
 
 
 class ServingTarget:

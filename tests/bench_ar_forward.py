@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.ar_support import mixed_ids, reference, serving, tiny_dir  # noqa: F401 (fixtures)
+
+from tests.ar_support import mixed_ids
 
 
 @pytest.mark.benchmark

@@ -19,7 +19,5 @@ def test_tiny_cfg_sample_eager(benchmark, impl):
     reference, serving = tiny_pair()
     adapter = reference if impl == "reference" else serving
     text, mask = adapter.text_condition(77, seed=0)
-    latents = benchmark.pedantic(
-        adapter.sample, args=(text, mask, 32, 32, 4, 4.0, (0.0, 1.0), 0), rounds=5, warmup_rounds=1
-    )
+    latents = benchmark.pedantic(adapter.sample, args=(text, mask, 32, 32, 4, 4.0, (0.0, 1.0), 0), rounds=5, warmup_rounds=1)
     assert latents.shape == (1, 16, 32, 32)

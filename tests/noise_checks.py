@@ -112,8 +112,14 @@ def assert_same_greedy(want: Any, got: Any, **close: Any) -> int | None:
 ROUTING_TIE_SPACINGS = 2.0
 
 
-def routing_tie_flips(logits: torch.Tensor, want_ids: torch.Tensor, got_ids: torch.Tensor, k: int, options: dict[str, Any],
-                      spacings: float = ROUTING_TIE_SPACINGS) -> list[int]:
+def routing_tie_flips(
+    logits: torch.Tensor,
+    want_ids: torch.Tensor,
+    got_ids: torch.Tensor,
+    k: int,
+    options: dict[str, Any],
+    spacings: float = ROUTING_TIE_SPACINGS,
+) -> list[int]:
     """Rows whose routed ids differ between two routers of the same keys computed by different
     kernels; asserts every one is a tie flip (margin above 0 and within `spacings`), returns them."""
     from parity.suites.routing.support import audit_decisions

@@ -57,8 +57,8 @@ def make_tiny_run(report_dir: Path, run_id: str = "tiny") -> TinyRun:
     page_written = (run_dir / "index.html").is_file()
     if SYNTHETIC:
         add_synthetic_suite_rows(run_dir)
-        from parity.report.review import load_review
         from parity.report.page import write_page
+        from parity.report.review import load_review
 
         write_page(load_review(run_dir, use_default_baseline=False))
     return TinyRun(run_dir, stdout, page_written)
@@ -83,12 +83,40 @@ def _numerics_rows(case: str, mode: str, sites: list[str], errors: list[float]) 
     rows = []
     for site, err in zip(sites, errors):
         verdict = "pass" if err <= NUMERICS_BOUND else "fail"
-        rows.append(dict(suite="numerics", case=case, mode=mode, site=site, metric="max_abs", value=err,
-                         threshold=NUMERICS_BOUND, verdict=verdict, better="lower", detail=f"{site} (SYNTHETIC)"))
-        for metric, value, better in (("rel_l2", err / 3, "lower"), ("mean_abs", err / 10, "lower"),
-                                      ("cosine", 1 - err, "higher"), ("max_ulp", err * 1e6, "lower")):
-            rows.append(dict(suite="numerics", case=case, mode=mode, site=site, metric=metric, value=value,
-                             verdict=verdict, kind="info", better=better, detail=site))
+        rows.append(
+            dict(
+                suite="numerics",
+                case=case,
+                mode=mode,
+                site=site,
+                metric="max_abs",
+                value=err,
+                threshold=NUMERICS_BOUND,
+                verdict=verdict,
+                better="lower",
+                detail=f"{site} (SYNTHETIC)",
+            )
+        )
+        for metric, value, better in (
+            ("rel_l2", err / 3, "lower"),
+            ("mean_abs", err / 10, "lower"),
+            ("cosine", 1 - err, "higher"),
+            ("max_ulp", err * 1e6, "lower"),
+        ):
+            rows.append(
+                dict(
+                    suite="numerics",
+                    case=case,
+                    mode=mode,
+                    site=site,
+                    metric=metric,
+                    value=value,
+                    verdict=verdict,
+                    kind="info",
+                    better=better,
+                    detail=site,
+                )
+            )
     return rows
 
 
@@ -98,7 +126,11 @@ def _synthetic_images(run_dir: Path, case: str, seed: int) -> dict[str, np.ndarr
     reference = np.stack([x * 4, y * 4, ((x - 32) ** 2 + (y - 32) ** 2 < 300) * 200], axis=-1).clip(0, 255).astype(np.uint8)
     compiled = reference.astype(np.int16)
     compiled[20:40, 10:50] += rng.integers(-3, 4, size=(20, 40, 3), dtype=np.int16)
-    images = {"reference": reference, "serving_eager": reference.copy(), "serving_compiled": compiled.clip(0, 255).astype(np.uint8)}
+    images = {
+        "reference": reference,
+        "serving_eager": reference.copy(),
+        "serving_compiled": compiled.clip(0, 255).astype(np.uint8),
+    }
     for name, image in images.items():
         write_png(image, run_dir / "images" / case / f"{name}.png")
     return images
@@ -114,39 +146,119 @@ def add_synthetic_suite_rows(run_dir: Path) -> None:
     rows += _numerics_rows("ar-mixed", "compiled", AR_SITES, ar_compiled)
     rows += _numerics_rows("dit-32x32-text8", "compiled", DIT_SITES, [1e-7, 2e-7, 5e-7, 8e-7, 2e-6])
 
-    lattice = [("latent=32x32,text=0,cfg=off", 1, 1, "first compile"), ("latent=32x32,text=8,cfg=off", 1, 0, ""),
-               ("latent=32x64,text=8,cfg=on", 2, 1, "tensor 'x' size mismatch at index 2. expected 32, actual 64"),
-               ("latent=64x64,text=8,cfg=on", 2, 0, "")]
+    lattice = [
+        ("latent=32x32,text=0,cfg=off", 1, 1, "first compile"),
+        ("latent=32x32,text=8,cfg=off", 1, 0, ""),
+        ("latent=32x64,text=8,cfg=on", 2, 1, "tensor 'x' size mismatch at index 2. expected 32, actual 64"),
+        ("latent=64x64,text=8,cfg=on", 2, 0, ""),
+    ]
     for shape, compiles, new, reason in lattice:
-        rows.append(dict(suite="recompiles", case=shape, mode="compiled", metric="compiles", value=compiles, threshold=2,
-                         verdict="pass", better="lower", detail=reason))
-        rows.append(dict(suite="recompiles", case=shape, mode="compiled", metric="new_compiles", value=new, threshold=1,
-                         verdict="pass", better="lower", detail=reason))
+        rows.append(
+            dict(
+                suite="recompiles",
+                case=shape,
+                mode="compiled",
+                metric="compiles",
+                value=compiles,
+                threshold=2,
+                verdict="pass",
+                better="lower",
+                detail=reason,
+            )
+        )
+        rows.append(
+            dict(
+                suite="recompiles",
+                case=shape,
+                mode="compiled",
+                metric="new_compiles",
+                value=new,
+                threshold=1,
+                verdict="pass",
+                better="lower",
+                detail=reason,
+            )
+        )
     for metric, value in (("graph_breaks", 0), ("regional_modules_compiled", 2), ("eager_fallback", 0)):
-        rows.append(dict(suite="recompiles", case="lattice", mode="compiled", metric=metric, value=value,
-                         threshold=0 if metric != "regional_modules_compiled" else 2, verdict="pass",
-                         better="lower" if metric != "regional_modules_compiled" else "equal"))
+        rows.append(
+            dict(
+                suite="recompiles",
+                case="lattice",
+                mode="compiled",
+                metric=metric,
+                value=value,
+                threshold=0 if metric != "regional_modules_compiled" else 2,
+                verdict="pass",
+                better="lower" if metric != "regional_modules_compiled" else "equal",
+            )
+        )
 
     for seed, case in enumerate(("dit-prompt-a", "dit-prompt-b")):
         images = _synthetic_images(run_dir, case, seed)
         paths = f"images/{case}/reference.png images/{case}/serving_eager.png images/{case}/serving_compiled.png"
-        for mode, ref, cand in (("eager-vs-compiled", "serving_eager", "serving_compiled"),
-                                ("serving-vs-reference", "reference", "serving_eager")):
+        for mode, ref, cand in (
+            ("eager-vs-compiled", "serving_eager", "serving_compiled"),
+            ("serving-vs-reference", "reference", "serving_eager"),
+        ):
             p, s = psnr(images[ref], images[cand], data_range=255.0), ssim(images[ref], images[cand], data_range=255.0)
-            rows.append(dict(suite="image", case=case, mode=mode, metric="psnr", value=p.value, threshold=40.0, verdict="pass",
-                             better="higher", detail=f"data_range=255 {paths}"))
-            rows.append(dict(suite="image", case=case, mode=mode, metric="ssim", value=s.value, threshold=0.98, verdict="pass",
-                             better="higher", detail=f"data_range=255 {paths}"))
+            rows.append(
+                dict(
+                    suite="image",
+                    case=case,
+                    mode=mode,
+                    metric="psnr",
+                    value=p.value,
+                    threshold=40.0,
+                    verdict="pass",
+                    better="higher",
+                    detail=f"data_range=255 {paths}",
+                )
+            )
+            rows.append(
+                dict(
+                    suite="image",
+                    case=case,
+                    mode=mode,
+                    metric="ssim",
+                    value=s.value,
+                    threshold=0.98,
+                    verdict="pass",
+                    better="higher",
+                    detail=f"data_range=255 {paths}",
+                )
+            )
 
     for case, flips in (("grid-e64-k8-t513-bf16-softmax-renorm", 1), ("grid-e8-k2-t1-fp32-sigmoid", 0)):
         rows.append(dict(suite="routing", case=case, mode="eager", metric="ids_mismatch", value=0, threshold=0, verdict="pass"))
-        rows.append(dict(suite="routing", case=case, mode="eager", metric="weight_max_abs", value=3e-8, threshold=1e-6, verdict="pass"))
-        rows.append(dict(suite="routing", case=case, mode="eager", metric="tie_flips", value=flips,
-                         verdict="tie_flip" if flips else "pass", site="17" if flips else "",
-                         detail="row 17: experts 5/9 within 1 ulp" if flips else ""))
+        rows.append(
+            dict(suite="routing", case=case, mode="eager", metric="weight_max_abs", value=3e-8, threshold=1e-6, verdict="pass")
+        )
+        rows.append(
+            dict(
+                suite="routing",
+                case=case,
+                mode="eager",
+                metric="tie_flips",
+                value=flips,
+                verdict="tie_flip" if flips else "pass",
+                site="17" if flips else "",
+                detail="row 17: experts 5/9 within 1 ulp" if flips else "",
+            )
+        )
     for mutant, suite in (("skip-token-clamp", "embedding_clamp"), ("route-after-gather", "routing")):
-        rows.append(dict(suite="sensitivity", case=mutant, mode=suite, metric="killed", value=1, threshold=1, verdict="pass",
-                         better="equal", detail=f"{suite} failed (SYNTHETIC)"))
+        rows.append(
+            dict(
+                suite="sensitivity",
+                case=mutant,
+                mode=suite,
+                metric="killed",
+                value=1,
+                threshold=1,
+                verdict="pass",
+                better="equal",
+                detail=f"{suite} failed (SYNTHETIC)",
+            )
+        )
     writer.write_many(rows)
 
 

@@ -157,9 +157,7 @@ def host_sync_case_cuda() -> CaptureCase:
 
 def tensor_if_case_cuda() -> CaptureCase:
     module = HostRead("tensor_if").cuda()
-    return CaptureCase(
-        fn=module.forward, example_inputs=(torch.randn(4, device="cuda"),), name="decoder.layers.2.mlp"
-    )
+    return CaptureCase(fn=module.forward, example_inputs=(torch.randn(4, device="cuda"),), name="decoder.layers.2.mlp")
 
 
 def branch_free_case_cuda() -> CaptureCase:

@@ -6,8 +6,6 @@ import inspect
 
 import pytest
 import torch
-from tests.ar_support import START, TINY, mixed_ids, reference, serving, tiny_dir  # noqa: F401 (fixtures)
-from tests.noise_checks import assert_same_greedy
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -16,6 +14,8 @@ from reference_models.ar.adapter import ReferenceARAdapter
 from serving_models.ar import model as srv
 from serving_models.ar.adapter import ServingARAdapter
 from serving_models.common.capture import capture_probe
+from tests.ar_support import START, TINY, mixed_ids
+from tests.noise_checks import assert_same_greedy
 
 TARGETS = ["reference", "serving"]
 ADAPTER_METHODS = [

@@ -6,18 +6,17 @@ import json
 
 import pytest
 import torch
-from tests.ar_support import SEED, TINY, mixed_ids, reference, serving, tiny_dir  # noqa: F401 (fixtures)
 from safetensors.torch import save_file
 
 from parity.compare import Tolerance
 from reference_models import checkpoints
-from reference_models.common import hf_checkpoint
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.ar.model import MammothModa2ForCausalLM
+from reference_models.common import hf_checkpoint
 from serving_models.ar import weights as ar_weights
-from serving_models.common import safetensors_io
 from serving_models.ar.adapter import ServingARAdapter
-from serving_models.ar.model import MammothModa2ForConditionalGeneration
+from serving_models.common import safetensors_io
+from tests.ar_support import SEED, TINY, mixed_ids
 from tests.noise_checks import assert_same_state, assert_within_noise_floor
 
 
@@ -81,9 +80,7 @@ def test_round_trip_through_both_implementations(tmp_path, max_shard_bytes) -> N
     ar_weights.save_pretrained(srv_model, tmp_path / "srv", max_shard_bytes=max_shard_bytes)
     resaved = dict(safetensors_io.iterate_weights(tmp_path / "srv"))
     assert resaved.keys() == state.keys() and all(torch.equal(resaved[n], state[n]) for n in state)
-    assert json.loads((tmp_path / "srv" / "config.json").read_text()) == json.loads(
-        (written / "config.json").read_text()
-    )
+    assert json.loads((tmp_path / "srv" / "config.json").read_text()) == json.loads((written / "config.json").read_text())
 
 
 def _broken_checkpoint(tmp_path):
@@ -169,7 +166,9 @@ def test_both_implementations_agree_on_the_tiny_checkpoint(reference, serving) -
 
 # The loaded model's tensors sit at other memory alignments than a built one's and CPU GEMM kernels
 # round by alignment, so the two forwards are held to the noise-floor rule, not to bit-identity.
-FORWARD_TOL = Tolerance(1e-5, 1.3e-6, "fp32 accumulation order of the same model's GEMMs (cases/ar.toml serving_vs_reference_fp32)")
+FORWARD_TOL = Tolerance(
+    1e-5, 1.3e-6, "fp32 accumulation order of the same model's GEMMs (cases/ar.toml serving_vs_reference_fp32)"
+)
 
 
 @torch.no_grad()
@@ -180,8 +179,13 @@ def test_in_memory_build_matches_disk_load(tiny_dir, reference, serving) -> None
         built = cls.build(TINY, state)
         assert_same_state(built, loaded)  # the claim: both hold the checkpoint's tensors, bitwise
         golden = cls.build(TINY, state, dtype=torch.float64).forward(ids).logits
-        assert_within_noise_floor(golden, built.forward(ids).logits, loaded.forward(ids).logits, FORWARD_TOL,
-                                  name=f"{cls.__name__} loaded vs built logits")
+        assert_within_noise_floor(
+            golden,
+            built.forward(ids).logits,
+            loaded.forward(ids).logits,
+            FORWARD_TOL,
+            name=f"{cls.__name__} loaded vs built logits",
+        )
 
 
 @torch.no_grad()

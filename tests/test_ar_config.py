@@ -51,9 +51,7 @@ def test_moe_enable_follows_upstream(impl: str) -> None:
 @pytest.mark.parametrize(
     "mutant",
     [
-        lambda t, lt, i: (
-            MOE_ENABLES["reference"](t, lt, i) or (t == "ffn-18:36" and i == 36) or (t == "ffn-14:28" and i == 28)
-        ),
+        lambda t, lt, i: MOE_ENABLES["reference"](t, lt, i) or (t == "ffn-18:36" and i == 36) or (t == "ffn-14:28" and i == 28),
         lambda t, lt, i: MOE_ENABLES["reference"](t, lt, i - 1),  # shifted by one
         lambda t, lt, i: t.split("-")[0] == lt and MOE_ENABLES["reference"](t, lt, i),  # exact match, not substring
         lambda t, lt, i: t != "none",  # ignores the range

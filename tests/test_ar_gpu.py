@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.ar_support import GEN_LAST, SEED, START
-from tests.noise_checks import assert_same_greedy
 
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.ar.config import ar_config
 from reference_models.checkpoints import random_state_dict
 from serving_models.ar.adapter import ServingARAdapter
+from tests.ar_support import GEN_LAST, SEED, START
+from tests.noise_checks import assert_same_greedy
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[1]
@@ -95,9 +95,7 @@ def test_cuda_capture_without_mask_fails_closed() -> None:
         """
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert "RAISED: model.layers.2" in result.stdout, result.stdout + result.stderr
     assert "enforce_eager" in result.stdout and "PIECEWISE is not a workaround" in result.stdout
 
@@ -108,9 +106,7 @@ def test_full_size_bf16_against_fp64_golden() -> None:
     config = ar_config("full")
     ids = torch.tensor([[151644, 872, 198, 152064, 152065, 152071, 152100, 184863, 3, 152064]], device="cuda")
     with torch.no_grad():
-        golden = ReferenceARAdapter.build(
-            config, random_state_dict(config, SEED, "cuda", torch.float64), "cuda", torch.float64
-        )
+        golden = ReferenceARAdapter.build(config, random_state_dict(config, SEED, "cuda", torch.float64), "cuda", torch.float64)
         golden_logits = golden.forward(ids).logits
         del golden
         torch.cuda.empty_cache()
@@ -121,9 +117,7 @@ def test_full_size_bf16_against_fp64_golden() -> None:
     assert srv_logits.shape == (1, ids.shape[1], 152064 + 32800)
     ref_err = (ref_logits.double() - golden_logits).pow(2).mean().sqrt().item()
     srv_err = (srv_logits.double() - golden_logits).pow(2).mean().sqrt().item()
-    print(
-        f"full bf16 rmse vs fp64 golden: reference {ref_err:.4e}, serving {srv_err:.4e}, ratio {srv_err / ref_err:.3f}"
-    )
+    print(f"full bf16 rmse vs fp64 golden: reference {ref_err:.4e}, serving {srv_err:.4e}, ratio {srv_err / ref_err:.3f}")
     # docs/tolerances.md §2: bf16 multiplier 3 (torch._dynamo.utils.same), plus tol/10 with tol 1e-2
     assert srv_err <= 3 * ref_err + 1e-3
 
@@ -131,9 +125,7 @@ def test_full_size_bf16_against_fp64_golden() -> None:
     # chosen expert on the same single row, so the same kernels on the same shapes)
     step = cuda_graph_step(serving, batch=1, max_len=16)
     eager = ServingARAdapter(serving.module)
-    eager.decode_state = type(serving.decode_state)(
-        serving.decode_state.key.clone(), serving.decode_state.value.clone()
-    )
+    eager.decode_state = type(serving.decode_state)(serving.decode_state.key.clone(), serving.decode_state.value.clone())
     serving.prefill(ids)
     eager.decode_state.key.copy_(serving.decode_state.key)
     eager.decode_state.value.copy_(serving.decode_state.value)

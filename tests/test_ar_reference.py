@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.ar_support import GEN_LAST, START, TINY, mixed_ids, reference, tiny_dir  # noqa: F401 (fixtures)
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from reference_models.ar import model as ref
-from reference_models.checkpoints import random_state_dict
 from reference_models.ar.model import MammothModa2ForCausalLM
+from reference_models.checkpoints import random_state_dict
+from tests.ar_support import GEN_LAST, START, TINY, mixed_ids
 
 
 def qwen2_pair(seed: int = 7) -> tuple[MammothModa2ForCausalLM, Qwen2ForCausalLM]:

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.ar_support import GEN_LAST, LAYOUT, START, TINY, mixed_ids, reference, serving, tiny_dir  # noqa: F401 (fixtures)
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from serving_models.ar import runner as ar_runner
 from serving_models.ar import model as srv
+from serving_models.ar import runner as ar_runner
 from serving_models.ar.adapter import ServingARAdapter
 from serving_models.ar.config import QWEN3_MODEL_TYPE
 from serving_models.common.capture import capture_probe
+from tests.ar_support import GEN_LAST, LAYOUT, START, TINY, mixed_ids
 
-CAPTURING = lambda: True  # noqa: E731 (the CPU stand-in's probe while tracing)
+CAPTURING = lambda: True
 
 
 # ---- clamped dual lookup ------------------------------------------------------------------
@@ -41,12 +41,8 @@ def lookup_indices(adapter: ServingARAdapter, ids: torch.Tensor) -> dict[str, to
 
 def out_of_range(seen: dict[str, torch.Tensor], ids: torch.Tensor) -> list[str]:
     sizes = {"base": TINY.vocab_size, "gen": TINY.gen_vocab_size}
-    problems = [
-        f"{name} index {int(i)}" for name, idx in seen.items() for i in idx.flatten() if not 0 <= i < sizes[name]
-    ]
-    problems += [
-        f"{name} did not look up every token" for name in sizes if name not in seen or seen[name].shape != ids.shape
-    ]
+    problems = [f"{name} index {int(i)}" for name, idx in seen.items() for i in idx.flatten() if not 0 <= i < sizes[name]]
+    problems += [f"{name} did not look up every token" for name in sizes if name not in seen or seen[name].shape != ids.shape]
     return problems
 
 
@@ -309,9 +305,7 @@ def test_pipeline_stages_carry_the_mask(serving) -> None:
 
 def test_qwen3_variant_shares_forward_and_embedding() -> None:
     assert srv.MammothModa2Qwen3ForCausalLM.forward is srv.MammothModa2Qwen2ForCausalLM.forward
-    assert (
-        srv.MammothModa2Qwen3ForCausalLM.get_input_embeddings is srv.MammothModa2Qwen2ForCausalLM.get_input_embeddings
-    )
+    assert srv.MammothModa2Qwen3ForCausalLM.get_input_embeddings is srv.MammothModa2Qwen2ForCausalLM.get_input_embeddings
     torch.manual_seed(0)
     top = srv.MammothModa2ForConditionalGeneration(TINY.replace(model_type=QWEN3_MODEL_TYPE)).requires_grad_(False)
     assert isinstance(top.ar, srv.MammothModa2Qwen3ARForConditionalGeneration)

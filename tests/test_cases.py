@@ -21,7 +21,11 @@ class Prompt:
     shape: tuple[int, int] | None = None
 
 
-SCHEMA = {"tolerances": Table(Tolerance, keyed=True), "prompts": Table(Prompt), "settings": Table(Prompt, many=False, required=False)}
+SCHEMA = {
+    "tolerances": Table(Tolerance, keyed=True),
+    "prompts": Table(Prompt),
+    "settings": Table(Prompt, many=False, required=False),
+}
 
 GOOD = """
 [tolerances.fp32]
@@ -63,18 +67,45 @@ def test_a_good_file_loads_typed_records(tmp_path) -> None:
     "text, expected",
     [
         ("[[prompts]\nname = 1", "invalid TOML"),
-        (GOOD + '\n[[prompts]]\nname = "x"\nids = [[1]]\nseed = 1\ncolour = "red"\n', "table [prompts] case 'x': key 'colour': expected one of the keys"),
-        (GOOD + '\n[[prompts]]\nname = "x"\nids = [[1]]\nseed = "one"\n', "table [prompts] case 'x': key 'seed': expected int, found str 'one'"),
-        (GOOD + '\n[[prompts]]\nname = "x"\nids = [[1]]\n', "table [prompts] case 'x': key 'seed': expected int, found nothing (missing field)"),
+        (
+            GOOD + '\n[[prompts]]\nname = "x"\nids = [[1]]\nseed = 1\ncolour = "red"\n',
+            "table [prompts] case 'x': key 'colour': expected one of the keys",
+        ),
+        (
+            GOOD + '\n[[prompts]]\nname = "x"\nids = [[1]]\nseed = "one"\n',
+            "table [prompts] case 'x': key 'seed': expected int, found str 'one'",
+        ),
+        (
+            GOOD + '\n[[prompts]]\nname = "x"\nids = [[1]]\n',
+            "table [prompts] case 'x': key 'seed': expected int, found nothing (missing field)",
+        ),
         (GOOD + '\n[[prompts]]\nname = "x"\nids = [[1, "a"]]\nseed = 1\n', "key 'ids[0][1]': expected int, found str 'a'"),
-        (GOOD + '\n[[prompts]]\nname = "x"\nids = [[1]]\nseed = 1\nmode = "turbo"\n', "key 'mode': expected 'eager' | 'cpu_graph', found str 'turbo'"),
+        (
+            GOOD + '\n[[prompts]]\nname = "x"\nids = [[1]]\nseed = 1\nmode = "turbo"\n',
+            "key 'mode': expected 'eager' | 'cpu_graph', found str 'turbo'",
+        ),
         (GOOD + '\n[[prompts]]\nname = "mixed"\nids = [[1]]\nseed = 1\n', "a unique case name, found a duplicate 'mixed'"),
         (GOOD + '\n[[prompts]]\nname = "x"\nids = [[1]]\nseed = true\n', "key 'seed': expected int, found bool True"),
         (GOOD + "\n[extra]\na = 1\n", "table [extra]: unknown table"),
-        (GOOD.replace('reason = "fp32 accumulation order"', 'reason = " "'), "table [tolerances.fp32]: expected a valid Tolerance, found a tolerance needs a stated reason"),
+        (
+            GOOD.replace('reason = "fp32 accumulation order"', 'reason = " "'),
+            "table [tolerances.fp32]: expected a valid Tolerance, found a tolerance needs a stated reason",
+        ),
         ("[tolerances.fp32]\natol = 1\nrtol = 1\nreason = 'x'\n", "table [prompts]: missing"),
     ],
-    ids=["bad-toml", "unknown-key", "wrong-type", "missing-field", "nested-type", "literal", "duplicate", "bool-not-int", "unknown-table", "post-init", "missing-table"],
+    ids=[
+        "bad-toml",
+        "unknown-key",
+        "wrong-type",
+        "missing-field",
+        "nested-type",
+        "literal",
+        "duplicate",
+        "bool-not-int",
+        "unknown-table",
+        "post-init",
+        "missing-table",
+    ],
 )
 def test_malformed_files_give_one_line_naming_file_table_and_key(tmp_path, text: str, expected: str) -> None:
     path = _write(tmp_path, text)

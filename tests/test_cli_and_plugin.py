@@ -20,7 +20,18 @@ def _only_run_dir(report_dir: Path) -> Path:
 def test_run_help_documents_every_option() -> None:
     result = run_parity(["run", "--help"])
     assert result.returncode == 0
-    for option in ("--device", "--size", "--dtype", "--target", "--report-dir", "--run-id", "--suite", "--numprocesses", "--benchmarks", "--seed"):
+    for option in (
+        "--device",
+        "--size",
+        "--dtype",
+        "--target",
+        "--report-dir",
+        "--run-id",
+        "--suite",
+        "--numprocesses",
+        "--benchmarks",
+        "--seed",
+    ):
         assert option in result.stdout
 
 
@@ -97,9 +108,7 @@ def test_cpu_lane_selects_everything_that_needs_no_gpu(lanes: Path) -> None:
     assert "3 passed, 1 deselected" in result.stdout, result.stdout
 
 
-no_cuda = pytest.mark.skipif(
-    __import__("torch").cuda.is_available(), reason="checks the behaviour on a machine without CUDA"
-)
+no_cuda = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the behaviour on a machine without CUDA")
 
 
 @no_cuda
@@ -116,7 +125,9 @@ def test_device_cuda_without_cuda_is_a_usage_error(lanes: Path) -> None:
 
 def test_suite_option_selects_by_report_suite(lanes: Path) -> None:
     out = lanes / "out"
-    result = run_pytest([str(lanes), "--parity-suite", "other", "-q", "--parity-report-dir", str(out), "--parity-target", "reference"], cwd=lanes)
+    result = run_pytest(
+        [str(lanes), "--parity-suite", "other", "-q", "--parity-report-dir", str(out), "--parity-target", "reference"], cwd=lanes
+    )
     assert "1 passed, 3 deselected" in result.stdout, result.stdout
     frame = read_results(_only_run_dir(out))
     assert frame["suite"].tolist() == ["other"] and frame["target"].tolist() == ["reference"]
@@ -141,9 +152,25 @@ def test_mutation_score_counts_killed_of_applicable_mutants_per_suite(tmp_path: 
     writer = ReportWriter(tmp_path, {"run_id": "r"})
     writer.write({"suite": "numerics", "case": "c", "metric": "max_abs", "value": 0.0, "verdict": "pass"})
     assert mutation_score(read_results(tmp_path)) is None
-    for name, suite, verdict in (("a", "decode", "pass"), ("b", "decode", "fail"), ("c", "image", "pass"), ("d", "image", "not_applicable")):
-        writer.write({"suite": "sensitivity", "case": name, "mode": suite, "metric": "killed", "value": int(verdict == "pass"), "verdict": verdict})
-    writer.write({"suite": "sensitivity", "case": "correct-target-seed-1", "metric": "false_alarms", "value": 0, "verdict": "pass"})
+    for name, suite, verdict in (
+        ("a", "decode", "pass"),
+        ("b", "decode", "fail"),
+        ("c", "image", "pass"),
+        ("d", "image", "not_applicable"),
+    ):
+        writer.write(
+            {
+                "suite": "sensitivity",
+                "case": name,
+                "mode": suite,
+                "metric": "killed",
+                "value": int(verdict == "pass"),
+                "verdict": verdict,
+            }
+        )
+    writer.write(
+        {"suite": "sensitivity", "case": "correct-target-seed-1", "metric": "false_alarms", "value": 0, "verdict": "pass"}
+    )
     score = mutation_score(read_results(tmp_path))
     assert (score.killed, score.applicable, score.survivors, score.not_applicable) == (2, 3, ["b"], ["d"])
     assert score.per_suite == {"decode": (1, 2), "image": (1, 1)}
@@ -161,8 +188,12 @@ def test_onednn_cap_follows_aten_capability_below_avx512() -> None:
         environ = {"ATEN_CPU_CAPABILITY": capability}
         assert align_onednn_isa(environ) == cap
         assert environ == {"ATEN_CPU_CAPABILITY": capability, "ONEDNN_MAX_CPU_ISA": cap, ONEDNN_ALIGNED_ENV: capability.lower()}
-    for environ in ({}, {"ATEN_CPU_CAPABILITY": "avx512"}, {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-                    {"ATEN_CPU_CAPABILITY": "default", "DNNL_MAX_CPU_ISA": "AVX2"}):
+    for environ in (
+        {},
+        {"ATEN_CPU_CAPABILITY": "avx512"},
+        {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+        {"ATEN_CPU_CAPABILITY": "default", "DNNL_MAX_CPU_ISA": "AVX2"},
+    ):
         before = dict(environ)
         assert align_onednn_isa(environ) is None and environ == before  # a user's own cap is left alone
     # A mark inherited from a parent whose cap was replaced is dropped (the note would be false).
@@ -170,7 +201,7 @@ def test_onednn_cap_follows_aten_capability_below_avx512() -> None:
     assert align_onednn_isa(inherited) is None and ONEDNN_ALIGNED_ENV not in inherited
 
 
-KERNELS = '''
+KERNELS = """
 import os, subprocess, sys
 
 import pytest
@@ -189,7 +220,7 @@ def test_bf16_attention_runs_and_children_inherit_the_cap():
 
 def test_rows(report):
     report.record(metric="m", value=1.0)
-'''
+"""
 
 
 @pytest.fixture
@@ -214,9 +245,15 @@ def test_the_plugin_caps_onednn_for_default_kernels_in_workers_and_children(kern
 
 def test_parity_cpu_threads_sets_the_thread_count_and_a_users_cap_is_kept(kernels: Path) -> None:
     out = kernels / "out"
-    result = run_pytest([str(kernels), "--parity-report-dir", str(out), "--parity-run-id", "r"], cwd=kernels,
-                        PARITY_CPU_THREADS="2", EXPECT_THREADS="2", ATEN_CPU_CAPABILITY="default",
-                        ONEDNN_MAX_CPU_ISA="AVX2", EXPECT_ISA="AVX2")
+    result = run_pytest(
+        [str(kernels), "--parity-report-dir", str(out), "--parity-run-id", "r"],
+        cwd=kernels,
+        PARITY_CPU_THREADS="2",
+        EXPECT_THREADS="2",
+        ATEN_CPU_CAPABILITY="default",
+        ONEDNN_MAX_CPU_ISA="AVX2",
+        EXPECT_ISA="AVX2",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "set by parity" not in result.stdout and "2 thread(s)" in result.stdout
     bad = run_pytest([str(kernels), "-q"], cwd=kernels, PARITY_CPU_THREADS="two")
@@ -230,8 +267,9 @@ def test_without_the_cap_default_kernels_fail_bf16_attention_on_an_amx_cpu(kerne
 
     if not torch.cpu._is_amx_tile_supported():
         pytest.skip("this CPU has no AMX: oneDNN never picks the VNNI packing that fails under default ATen kernels")
-    result = run_pytest([str(kernels), "-q", "-k", "bf16"], cwd=kernels, ATEN_CPU_CAPABILITY="default",
-                        ONEDNN_MAX_CPU_ISA="ALL", EXPECT_ISA="ALL")
+    result = run_pytest(
+        [str(kernels), "-q", "-k", "bf16"], cwd=kernels, ATEN_CPU_CAPABILITY="default", ONEDNN_MAX_CPU_ISA="ALL", EXPECT_ISA="ALL"
+    )
     assert result.returncode == 1 and "pack_vnni2" in result.stdout
 
 
@@ -254,7 +292,7 @@ def test_inductor_cache_dir_is_kept_apart_per_kernel_set() -> None:
     assert isolate_inductor_cache(native) is None and not native["TORCHINDUCTOR_CACHE_DIR"].endswith("-aten-default")
 
 
-COMPILED_REDUCTION = '''
+COMPILED_REDUCTION = """
 import torch
 
 
@@ -263,7 +301,7 @@ def test_compiled_reduction_on_two_threads():
     f = torch.compile(lambda x, w: (x[:, :, None] * w).sum(1), fullgraph=True)
     x, w = torch.randn(64, 128), torch.randn(128, 32)
     torch.testing.assert_close(f(x, w), (x[:, :, None] * w).sum(1), rtol=1e-5, atol=1e-5)
-'''
+"""
 
 
 @pytest.mark.slow  # three Inductor compiles in fresh processes: about 30 s
@@ -282,13 +320,22 @@ def test_a_default_kernel_compile_after_a_native_one_needs_its_own_inductor_cach
         (folder / "conftest.py").write_text(conftest)
         (folder / "test_compile.py").write_text(COMPILED_REDUCTION)
     (tmp_path / "tmp").mkdir()
-    base = {k: v for k, v in subprocess_env(PARITY_CPU_THREADS="2", TMPDIR=str(tmp_path / "tmp")).items()
-            if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
+    base = {
+        k: v
+        for k, v in subprocess_env(PARITY_CPU_THREADS="2", TMPDIR=str(tmp_path / "tmp")).items()
+        if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")
+    }
 
     def pytest_in(folder: Path, **extra: str) -> subprocess.CompletedProcess:
         plugin = [*plugin_args(), "--parity-report-dir", str(folder / "out")] if folder == with_plugin else ["-p", "no:parity"]
-        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(folder), *plugin],
-                              cwd=folder, env={**base, **extra}, capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(folder), *plugin],
+            cwd=folder,
+            env={**base, **extra},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     native = pytest_in(with_plugin)
     assert native.returncode == 0, native.stdout + native.stderr

@@ -120,7 +120,9 @@ def test_nested_outputs_report_the_first_diverging_layer() -> None:
     drifted = [t.clone() for t in layers]
     drifted[2][1, 0] += 0.1
     drifted[4] += 1.0
-    tree = compare({"hidden_states": layers, "logits": torch.zeros(2)}, {"hidden_states": drifted, "logits": torch.zeros(2)}, LOOSE)
+    tree = compare(
+        {"hidden_states": layers, "logits": torch.zeros(2)}, {"hidden_states": drifted, "logits": torch.zeros(2)}, LOOSE
+    )
     first = tree.first_failing()
     assert first is not None and first.name == "['hidden_states'][2]" and first.first_bad_row == 1
     verdict = tree.verdict()

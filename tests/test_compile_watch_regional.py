@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-from tests.runners_toys import WIDTH, seeded_linear
 from torch import nn
 
 from parity.observe.compile_ledger import CompileLedger, fail_on_recompile
 from parity.observe.regional import compile_repeated_blocks
+from tests.runners_toys import WIDTH, seeded_linear
 
 
 class LibraryActivation(nn.Module):

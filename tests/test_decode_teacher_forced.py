@@ -27,8 +27,6 @@ import torch
 from parity.compare import FAIL, PASS, TIE_FLIP
 from parity.plugin import SuiteReport
 from parity.report import ReportWriter, read_results
-from serving_models.target import make_target
-from parity.suites.ar.support import CASES, ARModels, build_ar_models
 from parity.suites.ar.decode import (
     SETTINGS,
     FreeRunning,
@@ -41,6 +39,8 @@ from parity.suites.ar.decode import (
     teacher_forced_step_logits,
     write_teacher_forced,
 )
+from parity.suites.ar.support import CASES, ARModels, build_ar_models
+from serving_models.target import make_target
 from tests.decode_targets import FIRST_BAD_POSITION, position_saturated_from
 from tests.helpers import run_pytest
 
@@ -137,7 +137,11 @@ def run_both(models: ARModels, prompt: torch.Tensor, mode: str = "eager") -> tup
         run, step = graph_step(models, mode, batch)
         with run:
             forced = teacher_forced_step_logits(models.target, prompt, reference.tokens, step_fn=step)
-    return reference, judge_free_running(models, reference, got.tokens, got.step_logits), judge_teacher_forced(models, reference, forced)
+    return (
+        reference,
+        judge_free_running(models, reference, got.tokens, got.step_logits),
+        judge_teacher_forced(models, reference, forced),
+    )
 
 
 def verdicts(result: TeacherForced) -> list[str]:
@@ -165,7 +169,12 @@ def test_a_correct_target_is_green_at_every_step(fp32: ARModels, mode: str) -> N
     assert verdicts(forced) == [PASS] * (STEPS // SETTINGS.bucket_steps)
     assert sites(forced)[:2] == ["teacher_forced.steps.0-7", "teacher_forced.steps.8-15"]
     assert sites(forced)[-1] == "teacher_forced.steps.56-63"
-    assert (forced.compared.verdict, forced.compared.metric, forced.compared.value, forced.compared.threshold) == (PASS, "compared_steps", STEPS, STEPS)
+    assert (forced.compared.verdict, forced.compared.metric, forced.compared.value, forced.compared.threshold) == (
+        PASS,
+        "compared_steps",
+        STEPS,
+        STEPS,
+    )
 
 
 @pytest.mark.parametrize("mode", ["eager", "cpu_graph"])
@@ -263,8 +272,18 @@ def test_bf16_noise_floor_is_green_on_a_correct_target_and_red_on_the_late_defec
 @pytest.mark.slow
 def test_the_decode_suite_goes_red_on_a_late_decode_defect(tmp_path: Path) -> None:
     out = tmp_path / "reports"
-    args = ["parity/suites/ar/test_decode.py", "-q", "-k", "teacher_forced", "--parity-report-dir", str(out), "--parity-run-id", "run",
-            "--parity-target", "tests.decode_targets:late_decode_defect"]
+    args = [
+        "parity/suites/ar/test_decode.py",
+        "-q",
+        "-k",
+        "teacher_forced",
+        "--parity-report-dir",
+        str(out),
+        "--parity-run-id",
+        "run",
+        "--parity-target",
+        "tests.decode_targets:late_decode_defect",
+    ]
     result = run_pytest(args, timeout=600)
     assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-2000:]
     rows = read_results(out / "run")

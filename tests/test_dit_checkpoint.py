@@ -9,8 +9,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from parity.compare import Tolerance
-from tests.dit_support import latents, tiny_state
-from tests.noise_checks import assert_same_state, assert_within_noise_floor
 from reference_models.dit.adapter import ReferenceDiT
 from reference_models.dit.checkpoint import (
     CheckpointMismatchError,
@@ -22,12 +20,16 @@ from reference_models.dit.checkpoint import (
 from reference_models.dit.config import full_config, tiny_config
 from serving_models.dit.adapter import ServingDiT
 from serving_models.dit.weights import CheckpointMismatchError as ServingMismatchError
+from tests.dit_support import latents, tiny_state
+from tests.noise_checks import assert_same_state, assert_within_noise_floor
 
 ADAPTERS = [ReferenceDiT, ServingDiT]
 # A loaded model's tensors sit at other memory alignments than a built one's, and CPU GEMM kernels
 # round by alignment (reproduced here with MKL_ENABLE_INSTRUCTIONS=SSE4_2: 1.4e-6 apart), so the
 # two forwards are judged by the noise-floor rule; the pre-check is the DiT's fp32 bound.
-FORWARD_TOL = Tolerance(1e-5, 1e-5, "fp32 accumulation order of the same model's GEMMs (cases/dit.toml serving_vs_reference_fp32)")
+FORWARD_TOL = Tolerance(
+    1e-5, 1e-5, "fp32 accumulation order of the same model's GEMMs (cases/dit.toml serving_vs_reference_fp32)"
+)
 
 
 def check_round_trip(cls, directory, state, x, t, text_len: int) -> None:
@@ -38,8 +40,13 @@ def check_round_trip(cls, directory, state, x, t, text_len: int) -> None:
     golden = cls.build(tiny_config(), state, dtype=torch.float64)
     text, mask = loaded.text_condition(text_len, seed=0)
     want = golden.forward(x.double(), t.double(), text.double(), mask)
-    assert_within_noise_floor(want, built.forward(x, t, text, mask), loaded.forward(x, t, text, mask), FORWARD_TOL,
-                              name=f"{cls.__name__} loaded vs built")
+    assert_within_noise_floor(
+        want,
+        built.forward(x, t, text, mask),
+        loaded.forward(x, t, text, mask),
+        FORWARD_TOL,
+        name=f"{cls.__name__} loaded vs built",
+    )
 
 
 def test_tensor_names_are_upstream_names():

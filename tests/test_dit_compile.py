@@ -32,9 +32,9 @@ import torch
 import torch._dynamo
 from torch._dynamo import convert_frame
 
-from tests.dit_support import latents, tiny_pair
 from serving_models.dit import model as dit_model
 from serving_models.dit.model import TransformerBlock
+from tests.dit_support import latents, tiny_pair
 
 SIZES = [(32, 32), (32, 64), (64, 32), (48, 48)]
 
@@ -200,8 +200,6 @@ def test_inductor_compiled_matches_eager(counter):
     start = time.perf_counter()
     for text_len in (4, 0, 77):
         text, mask = compiled.text_condition(text_len, seed=text_len)
-        torch.testing.assert_close(
-            compiled.forward(x, t, text, mask), eager.forward(x, t, text, mask), atol=1e-5, rtol=1e-5
-        )
+        torch.testing.assert_close(compiled.forward(x, t, text, mask), eager.forward(x, t, text, mask), atol=1e-5, rtol=1e-5)
     print(f"inductor warm-up and three forwards: {time.perf_counter() - start:.1f} s")
     assert counter.count == 2

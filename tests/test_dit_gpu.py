@@ -32,8 +32,11 @@ def full_bf16():
     config = full_config()
     state = random_state_dict(config, 0, "cuda", torch.bfloat16)
     # Both builds take the same CUDA tensors (assign=True, no copy): one set of weights in memory.
-    return config, state, ReferenceDiT.build(config, state, "cuda", torch.bfloat16), ServingDiT.build(
-        config, state, "cuda", torch.bfloat16
+    return (
+        config,
+        state,
+        ReferenceDiT.build(config, state, "cuda", torch.bfloat16),
+        ServingDiT.build(config, state, "cuda", torch.bfloat16),
     )
 
 
@@ -94,8 +97,10 @@ def test_full_size_regional_compile_counts(full_bf16, monkeypatch):
         got = compiled.forward(x, t, text, mask)
         want = serving.forward(x, t, text, mask)
         rel = _rmse(got, want) / want.float().pow(2).mean().sqrt().item()
-        print(f"compiled vs eager {size} L={text_len}: rel rmse {rel:.2e}, compiles so far {count[0]}, "
-              f"{time.perf_counter() - start:.1f} s")
+        print(
+            f"compiled vs eager {size} L={text_len}: rel rmse {rel:.2e}, compiles so far {count[0]}, "
+            f"{time.perf_counter() - start:.1f} s"
+        )
         assert rel < 2e-2  # bf16: Inductor fusions reorder bf16 roundings
         if i == 0:
             assert count[0] == 2  # warm-up: one compile per block kind

@@ -99,9 +99,7 @@ def test_block_outputs_match_block_by_block(pair):
 
 def _calls_of_context_refiner(adapter, text_len: int) -> list[tuple[int, ...]]:
     shapes: list[tuple[int, ...]] = []
-    handle = adapter.module.context_refiner[0].register_forward_pre_hook(
-        lambda _m, args: shapes.append(tuple(args[0].shape))
-    )
+    handle = adapter.module.context_refiner[0].register_forward_pre_hook(lambda _m, args: shapes.append(tuple(args[0].shape)))
     try:
         text, mask = adapter.text_condition(text_len, seed=1)
         out = adapter.forward(latents((1, 16, 32, 32)), torch.tensor([0.5]), text, mask)

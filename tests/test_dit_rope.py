@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from tests.dit_support import latents, tiny_pair, tiny_state
 from reference_models.dit.config import tiny_config
 from reference_models.dit.model import RotaryPosEmbed, apply_rotary_interleaved
 from serving_models.dit.adapter import ServingDiT
 from serving_models.dit.config import DiTConfig as ServingDiTConfig
 from serving_models.dit.model import RotaryEmbedding3D, image_position_ids, rotate_interleaved, text_position_ids
+from tests.dit_support import latents, tiny_pair, tiny_state
 
 
 def test_reference_position_ids_text_diagonal_then_image_grid():

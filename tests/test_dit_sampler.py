@@ -7,9 +7,9 @@ import types
 import pytest
 import torch
 
-from tests.dit_support import tiny_pair
 from reference_models.dit import sampler as ref_sampler
 from serving_models.dit import sampler as srv_sampler
+from tests.dit_support import tiny_pair
 
 SAMPLERS = [ref_sampler, srv_sampler]
 
@@ -18,9 +18,7 @@ SAMPLERS = [ref_sampler, srv_sampler]
 def test_time_shift_by_hand(sampler):
     # m = sqrt(h*w)/40: 32x32 latents -> 0.8; t' = t / (m - m t + t) = t / (0.8 + 0.2 t).
     expected = [0.0, 0.25 / 0.85, 0.5 / 0.9, 0.75 / 0.95, 1.0]
-    torch.testing.assert_close(
-        sampler.flow_match_timesteps(4, 32, 32), torch.tensor(expected), atol=1e-7, rtol=1e-6
-    )
+    torch.testing.assert_close(sampler.flow_match_timesteps(4, 32, 32), torch.tensor(expected), atol=1e-7, rtol=1e-6)
     # 1024^2 pixels = 128x128 latents: m = 3.2 (docs/model.md §8); t = 0.5 -> 0.5 / 2.1.
     times = sampler.flow_match_timesteps(2, 128, 128)
     torch.testing.assert_close(times, torch.tensor([0.0, 0.5 / 2.1, 1.0]), atol=1e-7, rtol=1e-6)

@@ -48,7 +48,10 @@ RULE = re.compile(r"R(\d)")
 def scanned_files() -> list[Path]:
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py", "*.toml", "*.md"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     return [ROOT / name for name in listed if (ROOT / name).is_file() and (ROOT / name).resolve() != THIS_FILE]
 

@@ -7,7 +7,9 @@ import pytest
 from parity.plugin import lanes as plugin
 
 
-@pytest.mark.parametrize("worker, mask, chosen", [("gw0", "3,5", "3"), ("gw1", "3,5", "5"), ("gw2", "3,5", "3"), ("gw1", "7", "7")])
+@pytest.mark.parametrize(
+    "worker, mask, chosen", [("gw0", "3,5", "3"), ("gw1", "3,5", "5"), ("gw2", "3,5", "3"), ("gw1", "7", "7")]
+)
 def test_worker_takes_its_gpu_from_the_outer_mask(monkeypatch, worker: str, mask: str, chosen: str) -> None:
     monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mask)

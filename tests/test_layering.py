@@ -71,7 +71,9 @@ def _inside(name: str, package: str) -> bool:
 
 
 def _violations(rule) -> list[str]:
-    return [f"{module} imports {imported}" for module in sorted(MODULES) for imported in imports_of(module) if rule(module, imported)]
+    return [
+        f"{module} imports {imported}" for module in sorted(MODULES) for imported in imports_of(module) if rule(module, imported)
+    ]
 
 
 def test_the_harness_core_imports_no_model() -> None:
@@ -130,7 +132,7 @@ def test_no_import_cycles() -> None:
         state[node] = "open"
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+                cycles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = "done"

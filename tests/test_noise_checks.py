@@ -32,7 +32,9 @@ def test_state_differences_sees_one_bit_a_name_a_dtype_and_a_shape() -> None:
     one_ulp[name][3, 5] = torch.nextafter(one_ulp[name][3, 5], torch.tensor(float("inf")))
     assert state_differences(state, one_ulp) == [f"{name}: 1/{state[name].numel()} values differ bitwise, first at (3, 5)"]
     signed_zero = {"z": torch.zeros(3)}
-    assert state_differences(signed_zero, {"z": -torch.zeros(3)}) == ["z: 3/3 values differ bitwise, first at (0,)"]  # torch.equal says equal
+    assert state_differences(signed_zero, {"z": -torch.zeros(3)}) == [
+        "z: 3/3 values differ bitwise, first at (0,)"
+    ]  # torch.equal says equal
     missing = {k: v for k, v in state.items() if k != name}
     assert state_differences(state, missing) == [f"{name}: only in the first state"]
     assert state_differences(state, {**state, name: state[name].double()}) == [f"{name}: dtype torch.float32 vs torch.float64"]

@@ -50,8 +50,13 @@ def test_results_written_before_the_bound_column_still_load(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     "bad, message",
-    [({"colour": "red"}, "unknown report columns"), ({"verdict": "ok"}, "verdict must be one of"), ({"kind": "x"}, "kind must be"),
-     ({"case": ""}, "needs 'case'"), ({"bound": "guessed"}, "bound must be one of")],
+    [
+        ({"colour": "red"}, "unknown report columns"),
+        ({"verdict": "ok"}, "verdict must be one of"),
+        ({"kind": "x"}, "kind must be"),
+        ({"case": ""}, "needs 'case'"),
+        ({"bound": "guessed"}, "bound must be one of"),
+    ],
 )
 def test_bad_rows_are_rejected_with_the_reason(tmp_path: Path, bad, message) -> None:
     with pytest.raises(ReportError, match=message):
@@ -62,7 +67,7 @@ def _append(args):
     path, worker, count = args
     writer = ReportWriter(path, {**CONTEXT, "worker": worker})
     for i in range(count):
-        writer.write(_row(case=f"{worker}-{i}", detail="comma, \"quote\"\nnewline"))
+        writer.write(_row(case=f"{worker}-{i}", detail='comma, "quote"\nnewline'))
 
 
 def test_concurrent_processes_append_whole_rows_and_one_header(tmp_path: Path) -> None:
@@ -70,7 +75,7 @@ def test_concurrent_processes_append_whole_rows_and_one_header(tmp_path: Path) -
         pool.map(_append, [(tmp_path, f"gw{i}", 40) for i in range(4)])
     frame = read_results(tmp_path)
     assert len(frame) == 160 and frame["case"].nunique() == 160
-    assert set(frame["detail"]) == {"comma, \"quote\"\nnewline"}
+    assert set(frame["detail"]) == {'comma, "quote"\nnewline'}
 
 
 def test_summary_counts_cases_by_their_worst_gate_row(tmp_path: Path) -> None:
@@ -149,7 +154,9 @@ def test_failures_errors_and_asserts_all_reach_the_csv(demo_suite: Path, tmp_pat
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
 def test_an_interrupted_run_keeps_its_finished_rows(demo_suite: Path, tmp_path: Path, signal_name: str) -> None:
     out = tmp_path / "reports"
-    result = run_pytest([str(demo_suite), "--parity-report-dir", str(out), "-k", "test_rows"], cwd=demo_suite, STOP_AT="3", SIGNAL=signal_name)
+    result = run_pytest(
+        [str(demo_suite), "--parity-report-dir", str(out), "-k", "test_rows"], cwd=demo_suite, STOP_AT="3", SIGNAL=signal_name
+    )
     assert result.returncode != 0
     assert _rows(out)["case"].tolist() == ["c0", "c1", "c2", "c3"]
 
@@ -163,7 +170,9 @@ def test_xdist_workers_write_exactly_the_rows_of_a_serial_run(tmp_path: Path) ->
     runs = {}
     for workers in ("0", "2", "4"):
         out = tmp_path / f"n{workers}"
-        result = run_pytest(["parity/suites", "-m", "cpu", "--parity-suite", "selfcheck", "--parity-report-dir", str(out), "-n", workers])
+        result = run_pytest(
+            ["parity/suites", "-m", "cpu", "--parity-suite", "selfcheck", "--parity-report-dir", str(out), "-n", workers]
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         runs[workers] = _rows(out)
     assert len(runs["0"]) > 10

@@ -9,7 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from parity.cli import main
 from parity.report import baseline as baseline_mod
+from parity.report import read_results
 from parity.report.baseline import (
     BASELINE_COLUMNS,
     MEASURED_BOUND_FACTOR,
@@ -24,8 +26,6 @@ from parity.report.baseline import (
     load_rows,
     write_baseline,
 )
-from parity.cli import main
-from parity.report import read_results
 from tests.helpers import PROJECT_ROOT, run_parity
 from tests.review_run import TinyRun, copy_run, write_rows
 
@@ -117,9 +117,19 @@ def test_info_rows_are_reported_but_never_fail(template: pd.Series) -> None:
 def test_info_moves_are_counted_and_only_large_ones_listed(template: pd.Series) -> None:
     """Info rows are noise metrics (max ULP, rel L2, ...): between kernel sets they move by a few
     times; the listing names those that moved by more than an order of magnitude or went non-finite."""
-    specs = [("small", 1.85e5, 8.7e5), ("large", 1e-8, 3e-6), ("from-zero", 0.0, 2e-7), ("nan", 1.0, math.nan), ("still", 1.0, 1.05)]
-    old = rows(template, *({"suite": "numerics", "case": c, "metric": "max_ulp", "kind": "info", "value": v} for c, v, _ in specs))
-    new = rows(template, *({"suite": "numerics", "case": c, "metric": "max_ulp", "kind": "info", "value": v} for c, _, v in specs))
+    specs = [
+        ("small", 1.85e5, 8.7e5),
+        ("large", 1e-8, 3e-6),
+        ("from-zero", 0.0, 2e-7),
+        ("nan", 1.0, math.nan),
+        ("still", 1.0, 1.05),
+    ]
+    old = rows(
+        template, *({"suite": "numerics", "case": c, "metric": "max_ulp", "kind": "info", "value": v} for c, v, _ in specs)
+    )
+    new = rows(
+        template, *({"suite": "numerics", "case": c, "metric": "max_ulp", "kind": "info", "value": v} for c, _, v in specs)
+    )
     result = compare_rows(old, new)
     assert result.ok and sorted(result.info_moves["case"]) == ["from-zero", "large", "nan", "small"]
     assert sorted(result.large_info_moves()["case"]) == ["from-zero", "large", "nan"]
@@ -155,8 +165,10 @@ def test_a_measured_bound_moving_with_the_kernels_is_not_loosened_past_the_facto
     fixed = compare_rows(one(template, value=5.996e-9, threshold=2.18e-7), one(template, value=8.116e-9, threshold=2.243e-7))
     assert "bound loosened: 2.18e-07 -> 2.243e-07" in fixed.regressions.iloc[0]["why"]
     # A policy replaced by a measurement is a loosening whatever the numbers.
-    swapped = compare_rows(one(template, value=1e-9, threshold=2.18e-7, **{**spec, "bound": "fixed"}),
-                           one(template, value=1e-9, threshold=2.18e-7, **spec))
+    swapped = compare_rows(
+        one(template, value=1e-9, threshold=2.18e-7, **{**spec, "bound": "fixed"}),
+        one(template, value=1e-9, threshold=2.18e-7, **spec),
+    )
     assert "a fixed bound became a measured one" in swapped.regressions.iloc[0]["why"]
 
 
@@ -165,10 +177,18 @@ def test_measured_bounds_that_grow_together_are_a_loosened_policy(template: pd.S
     sets, geometric mean within x1.0012 over the 512 routing rows); a changed multiplier or floor
     moves all of them at once."""
     n = MEASURED_GROUP_MIN * 2
-    spec = lambda i, bound: {"suite": "routing", "case": f"grid-{i}", "metric": "rmse_vs_golden", "value": 1e-8,  # noqa: E731
-                             "threshold": bound, "bound": "measured"}
+    spec = lambda i, bound: {
+        "suite": "routing",
+        "case": f"grid-{i}",
+        "metric": "rmse_vs_golden",
+        "value": 1e-8,
+        "threshold": bound,
+        "bound": "measured",
+    }
     old = rows(template, *(spec(i, 2.2e-7) for i in range(n)))
-    noisy = rows(template, *(spec(i, 2.2e-7 * (1.45 if i % 2 else 1 / 1.4)) for i in range(n)))  # each row moves, the mean does not
+    noisy = rows(
+        template, *(spec(i, 2.2e-7 * (1.45 if i % 2 else 1 / 1.4)) for i in range(n))
+    )  # each row moves, the mean does not
     assert compare_rows(old, noisy).ok
     policy = rows(template, *(spec(i, 2.2e-7 * 1.15) for i in range(n)))  # every row 15% looser: within the per-row factor
     result = compare_rows(old, policy)
@@ -187,7 +207,12 @@ def test_measured_bound_rows_are_judged_by_verdict(template: pd.Series) -> None:
     failed = compare_rows(old, one(template, value=2e-6, threshold=1e-6, verdict="fail", **spec))
     assert list(failed.regressions["why"]) == ["verdict pass -> fail"]
     # A fixed bound with the same numbers keeps the margin rule.
-    assert "worse: uses 10.0% -> 60.0%" in compare_rows(one(template, value=1e-7, threshold=1e-6), one(template, value=6e-7, threshold=1e-6)).regressions.iloc[0]["why"]
+    assert (
+        "worse: uses 10.0% -> 60.0%"
+        in compare_rows(one(template, value=1e-7, threshold=1e-6), one(template, value=6e-7, threshold=1e-6)).regressions.iloc[0][
+            "why"
+        ]
+    )
 
 
 def test_tie_flip_rows_are_judged_by_verdict(template: pd.Series) -> None:
@@ -212,12 +237,22 @@ def test_files_without_the_bound_column_still_load_and_compare(template: pd.Seri
 
 
 def test_rows_match_on_site_and_duplicates_match_in_order(template: pd.Series) -> None:
-    old = rows(template, *({"suite": "numerics", "case": "c", "metric": "max_abs", "site": f"layer.{i}", "value": 0.0, "threshold": 1e-5} for i in range(3)))
+    old = rows(
+        template,
+        *(
+            {"suite": "numerics", "case": "c", "metric": "max_abs", "site": f"layer.{i}", "value": 0.0, "threshold": 1e-5}
+            for i in range(3)
+        ),
+    )
     new = old.copy()
     new.loc[new["site"] == "layer.2", "value"] = 9e-6
     result = compare_rows(old, new)
     assert list(result.regressions["site"]) == ["layer.2"]
-    dup_old = rows(template, {"suite": "s", "case": "c", "metric": "m", "value": 1.0, "threshold": 10.0}, {"suite": "s", "case": "c", "metric": "m", "value": 2.0, "threshold": 10.0})
+    dup_old = rows(
+        template,
+        {"suite": "s", "case": "c", "metric": "m", "value": 1.0, "threshold": 10.0},
+        {"suite": "s", "case": "c", "metric": "m", "value": 2.0, "threshold": 10.0},
+    )
     dup_new = dup_old.copy()
     dup_new.loc[1, "value"] = 9.0
     assert list(compare_rows(dup_old, dup_new).regressions["old_value"]) == [2.0]
@@ -278,10 +313,14 @@ def test_device_kind_and_default_path(tiny_run: TinyRun) -> None:
 # MKL_ENABLE_INSTRUCTIONS) and PARITY_CPU_THREADS. docs/machine-independence.md tabulates them.
 KERNEL_SET_RUNS = PROJECT_ROOT / "tests" / "data" / "kernel_sets"
 CROSS_KERNEL_PAIRS = [
-    ("avx512-t1", "default-t1"), ("default-t1", "avx512-t1"),  # the committed baseline's kernels vs ATen's default
-    ("avx512-t1", "avx512-t2"), ("avx512-t2", "avx512-t1"),  # 1 vs 2 threads
-    ("default-t2", "avx512-t1"), ("avx512-t2", "default-t1"),  # both at once
-    ("avx2-t1", "sse4_2-t1"), ("sse4_2-t1", "avx2-t1"),  # the pair whose fixed-bound rows moved most (0.137 of a bound)
+    ("avx512-t1", "default-t1"),
+    ("default-t1", "avx512-t1"),  # the committed baseline's kernels vs ATen's default
+    ("avx512-t1", "avx512-t2"),
+    ("avx512-t2", "avx512-t1"),  # 1 vs 2 threads
+    ("default-t2", "avx512-t1"),
+    ("avx512-t2", "default-t1"),  # both at once
+    ("avx2-t1", "sse4_2-t1"),
+    ("sse4_2-t1", "avx2-t1"),  # the pair whose fixed-bound rows moved most (0.137 of a bound)
 ]
 
 
@@ -290,7 +329,9 @@ def recorded() -> dict[str, pd.DataFrame]:
     return {path.name.removesuffix(".csv.gz"): load_rows(path) for path in sorted(KERNEL_SET_RUNS.glob("*.csv.gz"))}
 
 
-@pytest.mark.parametrize("baseline_run, reviewed", CROSS_KERNEL_PAIRS, ids=[f"{a}-reviewed-by-{b}" for a, b in CROSS_KERNEL_PAIRS])
+@pytest.mark.parametrize(
+    "baseline_run, reviewed", CROSS_KERNEL_PAIRS, ids=[f"{a}-reviewed-by-{b}" for a, b in CROSS_KERNEL_PAIRS]
+)
 def test_a_correct_run_reviews_clean_against_a_baseline_of_another_kernel_set(recorded, baseline_run: str, reviewed: str) -> None:
     result = compare_rows(recorded[baseline_run], recorded[reviewed], name=baseline_run)
     assert result.matched > 4000 and result.new.empty and result.vanished.empty
@@ -354,7 +395,11 @@ def test_a_failing_run_is_not_written_as_a_baseline(tiny_run: TinyRun, tmp_path:
 def _low_share_gate_row(frame: pd.DataFrame) -> int:
     """Index of a passing lower-is-better gate row with a positive bound, using the least of it."""
     candidates = frame[
-        (frame["kind"] != "info") & (frame["better"] == "lower") & (frame["verdict"] == "pass") & (frame["threshold"] > 0) & frame["value"].notna()
+        (frame["kind"] != "info")
+        & (frame["better"] == "lower")
+        & (frame["verdict"] == "pass")
+        & (frame["threshold"] > 0)
+        & frame["value"].notna()
     ]
     share = candidates["value"] / candidates["threshold"]
     assert not share.empty and share.min() < 0.3, "the tiny run needs a gate row far from its bound"
@@ -447,7 +492,9 @@ def test_unusable_inputs_exit_2(reviewed, tmp_path: Path, capsys: pytest.Capture
 
 def test_the_committed_cpu_baseline_is_clean_against_a_fresh_run(tiny_run: TinyRun, tmp_path: Path) -> None:
     """`parity review` with no --baseline picks reports/baselines/cpu-fp32.csv (device kind + dtype)."""
-    assert COMMITTED_CPU_BASELINE.is_file(), "regenerate with: parity run --run-id cpu-baseline && parity review reports/runs/cpu-baseline --write-baseline"
+    assert COMMITTED_CPU_BASELINE.is_file(), (
+        "regenerate with: parity run --run-id cpu-baseline && parity review reports/runs/cpu-baseline --write-baseline"
+    )
     # The tiny run samples one mutant of the sensitivity suite (its full run takes minutes); the
     # baseline holds all of them, so the sample would read as vanished mutants: leave it out
     # (a suite without rows is not compared). Every other suite of the run is compared in full.

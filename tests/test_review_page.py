@@ -9,10 +9,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-
 from parity.report import read_results
-from parity.report.review import load_review
 from parity.report.page import PAGE_FILE, SUITE_VIEWS, split_metric, write_page
+from parity.report.review import load_review
 from tests.review_run import TinyRun, copy_run, write_rows, writer_for
 
 SECTION_ORDER = ("summary", "baseline", "numerics", "recompiles", "images", "routing", "sensitivity", "rows", "environment")
@@ -134,13 +133,30 @@ def _inject_failures(run_dir: Path) -> None:
     values = [0.0, 2e-6, 4e-4, 9e-4]  # diverges at layer.2
     writer_for(run_dir).write_many(
         [
-            dict(suite="numerics", case="injected-divergence", mode="compiled", site=site, metric="max_abs", value=value,
-                 threshold=1e-5, verdict="fail" if value > 1e-5 else "pass", better="lower", detail=f"injected <{site}>")
+            dict(
+                suite="numerics",
+                case="injected-divergence",
+                mode="compiled",
+                site=site,
+                metric="max_abs",
+                value=value,
+                threshold=1e-5,
+                verdict="fail" if value > 1e-5 else "pass",
+                better="lower",
+                detail=f"injected <{site}>",
+            )
             for site, value in zip(sites, values)
         ]
         + [
-            dict(suite="zz_last", case="<script>alert(1)</script>", metric="m & n", value=1.0, threshold=0.5,
-                 verdict="error", detail="raised <b>ValueError</b>"),
+            dict(
+                suite="zz_last",
+                case="<script>alert(1)</script>",
+                metric="m & n",
+                value=1.0,
+                threshold=0.5,
+                verdict="error",
+                detail="raised <b>ValueError</b>",
+            ),
         ]
     )
 
@@ -259,14 +275,48 @@ def test_the_ledger_reads_compile_watch_metric_names(tiny_run: TinyRun, tmp_path
     reason = "tensor 'x' size mismatch at index 2. expected 32, actual 64"
     writer_for(run_dir).write_many(
         [
-            dict(suite="recompiles", case="latent=32x32", mode="compiled", metric="compiles[TransformerBlock.forward]", value=1,
-                 threshold=1, verdict="pass", better="equal", detail="recompile reasons: none"),
-            dict(suite="recompiles", case="latent=32x64", mode="compiled", metric="compiles[TransformerBlock.forward]", value=2,
-                 threshold=1, verdict="fail", better="equal", detail=f"recompile reasons: {reason}"),
-            dict(suite="recompiles", case="latent=32x64", mode="compiled", metric="recompiles[TransformerBlock.forward]", value=1,
-                 verdict="pass", kind="info", detail=reason),
-            dict(suite="recompiles", case="latent=32x64", mode="compiled", metric="graph_breaks", value=0, threshold=0,
-                 verdict="pass", detail="none"),
+            dict(
+                suite="recompiles",
+                case="latent=32x32",
+                mode="compiled",
+                metric="compiles[TransformerBlock.forward]",
+                value=1,
+                threshold=1,
+                verdict="pass",
+                better="equal",
+                detail="recompile reasons: none",
+            ),
+            dict(
+                suite="recompiles",
+                case="latent=32x64",
+                mode="compiled",
+                metric="compiles[TransformerBlock.forward]",
+                value=2,
+                threshold=1,
+                verdict="fail",
+                better="equal",
+                detail=f"recompile reasons: {reason}",
+            ),
+            dict(
+                suite="recompiles",
+                case="latent=32x64",
+                mode="compiled",
+                metric="recompiles[TransformerBlock.forward]",
+                value=1,
+                verdict="pass",
+                kind="info",
+                detail=reason,
+            ),
+            dict(
+                suite="recompiles",
+                case="latent=32x64",
+                mode="compiled",
+                metric="graph_breaks",
+                value=0,
+                threshold=0,
+                verdict="pass",
+                detail="none",
+            ),
         ]
     )
     page = rebuild(run_dir)

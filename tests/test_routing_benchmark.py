@@ -15,8 +15,15 @@ def grouped_inputs():
     generator = torch.Generator().manual_seed(31)
     logits = torch.randn(ROWS, NUM_EXPERTS, generator=generator)
     bias = -torch.rand(NUM_EXPERTS, generator=generator) - 1
-    kwargs = dict(scoring="sigmoid", renormalize=True, correction_bias=bias, num_expert_group=8, topk_group=4,
-                  routed_scaling_factor=2.5, num_valid_rows=torch.tensor([500], dtype=torch.int32))
+    kwargs = dict(
+        scoring="sigmoid",
+        renormalize=True,
+        correction_bias=bias,
+        num_expert_group=8,
+        topk_group=4,
+        routed_scaling_factor=2.5,
+        num_valid_rows=torch.tensor([500], dtype=torch.int32),
+    )
     return logits, kwargs
 
 

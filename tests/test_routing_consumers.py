@@ -115,8 +115,10 @@ def test_expert_load_ignoring_the_count_is_caught(monkeypatch):
 
 def make_experts(router, num_experts: int, hidden: int, inter: int, seed: int):
     generator = torch.Generator().manual_seed(seed)
+
     def w(*shape):
         return torch.randn(*shape, generator=generator) / shape[-1] ** 0.5
+
     return router.make_experts(w(num_experts, inter, hidden), w(num_experts, inter, hidden), w(num_experts, hidden, inter))
 
 
@@ -158,7 +160,9 @@ def test_serving_apply_equals_reference_apply():
     weights = torch.where(ids >= 0, result.weights, torch.zeros_like(result.weights))
     pair = SERVING.RoutingResult(weights, ids)
     # Same products, different matmul blocking (bmm vs per-row matvec): a few fp32 ulps.
-    torch.testing.assert_close(SERVING.apply_experts(x, pair, experts), REFERENCE.apply_experts(x, pair, experts), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        SERVING.apply_experts(x, pair, experts), REFERENCE.apply_experts(x, pair, experts), rtol=0, atol=1e-5
+    )
 
 
 def test_reference_apply_rejects_an_out_of_range_id():
@@ -192,6 +196,6 @@ def test_apply_is_capture_safe():
     experts = make_experts(SERVING, 5, 8, 8, seed=11)
     x = torch.randn(6, 8)
     result = SERVING.select_experts(torch.randn(6, 4), 2, renormalize=True, num_shared_experts=1)
-    fn = lambda x, w, i: SERVING.apply_experts(x, (w, i), experts)  # noqa: E731
+    fn = lambda x, w, i: SERVING.apply_experts(x, (w, i), experts)
     graph = make_fx(fn, tracing_mode="real")(x, *result)
     assert torch.equal(graph(x, *result), fn(x, *result))

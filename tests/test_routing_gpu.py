@@ -23,8 +23,9 @@ WEIGHT_ATOL = 2e-5
 
 CASES = {
     "softmax": dict(renormalize=False, num_shared_experts=1),
-    "grouped": dict(scoring="sigmoid", renormalize=True, num_expert_group=8, topk_group=4,
-                    routed_scaling_factor=2.5, num_shared_experts=1),
+    "grouped": dict(
+        scoring="sigmoid", renormalize=True, num_expert_group=8, topk_group=4, routed_scaling_factor=2.5, num_shared_experts=1
+    ),
 }
 
 
@@ -51,7 +52,7 @@ def test_cuda_graph_replay_follows_the_device_count(case):
         static_out = route(case, logits, count, bias)
     for n in (CAPACITY, CAPACITY // 2, 1, 0, CAPACITY, -1, CAPACITY + 3):
         logits.copy_(torch.randn(CAPACITY, NUM_EXPERTS, device=device, generator=generator).to(torch.bfloat16).float())
-        logits[max(n, 0):] = float("nan")
+        logits[max(n, 0) :] = float("nan")
         count.fill_(n)
         graph.replay()
         eager = route(case, logits, count, bias)
@@ -132,7 +133,5 @@ HOST_READ_CAPTURE = textwrap.dedent(
 def test_host_read_count_fails_cuda_capture():
     # A fresh process: a failed capture poisons the CUDA context (docs/capture-and-compile.md §1).
     repo_root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, "-c", HOST_READ_CAPTURE], cwd=repo_root, capture_output=True, text=True, timeout=300
-    )
+    done = subprocess.run([sys.executable, "-c", HOST_READ_CAPTURE], cwd=repo_root, capture_output=True, text=True, timeout=300)
     assert "CAPTURE_FAILED" in done.stdout, done.stdout + done.stderr

@@ -171,7 +171,10 @@ def test_fp64_golden_weights():
     torch.manual_seed(2)
     logits = torch.randn(6, 32).to(torch.bfloat16)
     bias = -torch.rand(32) - 1
-    for kwargs in (dict(renormalize=False), dict(scoring="sigmoid", correction_bias=bias, num_expert_group=4, topk_group=2, renormalize=True)):
+    for kwargs in (
+        dict(renormalize=False),
+        dict(scoring="sigmoid", correction_bias=bias, num_expert_group=4, topk_group=2, renormalize=True),
+    ):
         fp32 = router.select_experts(logits, 4, **kwargs)
         golden = router.select_experts(logits, 4, golden=True, **kwargs)
         assert golden.weights.dtype == torch.float64 and torch.equal(golden.ids, fp32.ids)
@@ -200,8 +203,14 @@ def test_grouped_deepseek_v3_shape_with_negative_bias(router):
     logits = torch.randn(16, num_experts)
     bias = -torch.rand(num_experts) - 1
     result = router.select_experts(
-        logits, k, scoring="sigmoid", renormalize=True, correction_bias=bias, num_expert_group=groups,
-        topk_group=kept, routed_scaling_factor=2.5,
+        logits,
+        k,
+        scoring="sigmoid",
+        renormalize=True,
+        correction_bias=bias,
+        num_expert_group=groups,
+        topk_group=kept,
+        routed_scaling_factor=2.5,
     )
     assert_contract(result, 16, k)
     keys = (torch.sigmoid(logits.double()) + bias.double()).view(16, groups, -1)
@@ -254,8 +263,15 @@ def check_pad_rows(router) -> None:
         logits[real:] = torch.where(torch.rand(rows_ - real, num_experts) < 0.5, NAN, 1e4)  # garbage
         for kwargs in (
             dict(renormalize=True, num_shared_experts=2),
-            dict(scoring="sigmoid", renormalize=True, correction_bias=-torch.rand(num_experts) - 1,
-                 num_expert_group=4, topk_group=2, num_shared_experts=1, routed_scaling_factor=2.5),
+            dict(
+                scoring="sigmoid",
+                renormalize=True,
+                correction_bias=-torch.rand(num_experts) - 1,
+                num_expert_group=4,
+                topk_group=2,
+                num_shared_experts=1,
+                routed_scaling_factor=2.5,
+            ),
         ):
             n_valid = torch.tensor([count], dtype=torch.int32)
             result = router.select_experts(logits, k, num_valid_rows=n_valid, **kwargs)

@@ -125,8 +125,9 @@ def capture_fn(**kwargs):
 
 CAPTURE_CASES = {
     "softmax": dict(renormalize=False, num_shared_experts=1),
-    "grouped": dict(scoring="sigmoid", renormalize=True, num_expert_group=4, topk_group=2,
-                    routed_scaling_factor=2.5, num_shared_experts=2),
+    "grouped": dict(
+        scoring="sigmoid", renormalize=True, num_expert_group=4, topk_group=2, routed_scaling_factor=2.5, num_shared_experts=2
+    ),
 }
 
 

@@ -10,6 +10,10 @@ import dataclasses
 
 import pytest
 import torch
+
+from parity.runners import CaptureError, ReplayInputError, make_runner
+from parity.runners.cpu_graph import CpuGraphRun
+from serving_models.common import capture as capture_registry
 from tests.runners_toys import (
     GEN_START,
     WIDTH,
@@ -21,10 +25,6 @@ from tests.runners_toys import (
     StaticCache,
     TwoExpertMoE,
 )
-from serving_models.common import capture as capture_registry
-
-from parity.runners.cpu_graph import CpuGraphRun
-from parity.runners import CaptureError, ReplayInputError, make_runner
 
 
 def _cpu_graph(**knobs):

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from parity.runners.cpu_graph import _HostSyncGuard
 from parity.runners.base import CaptureError
+from parity.runners.cpu_graph import _HostSyncGuard
 
 
 def _trace(fn, *inputs):

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from parity.observe.compile_ledger import CompileLedger
+from parity.runners import ReplayInputError, make_runner
+from parity.runners.capture_isolated import capture_in_subprocess
+from serving_models.common import capture as capture_registry
 from tests.runners_toys import (
     GEN_START,
     WIDTH,
@@ -17,11 +22,6 @@ from tests.runners_toys import (
     StaticCache,
     TwoExpertMoE,
 )
-from serving_models.common import capture as capture_registry
-
-from parity.runners.capture_isolated import capture_in_subprocess
-from parity.observe.compile_ledger import CompileLedger
-from parity.runners import ReplayInputError, make_runner
 
 pytestmark = pytest.mark.gpu
 

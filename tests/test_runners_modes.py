@@ -6,13 +6,13 @@ import functools
 
 import pytest
 import torch
-from tests.runners_toys import GEN_START, WIDTH, BranchFree, HostRead, RepeatedCall, TwoExpertMoE
-from serving_models.common import capture as capture_registry
 from torch import nn
 
-from parity.runners.capture_isolated import capture_in_subprocess
 from parity.observe.compile_ledger import CompileLedger
-from parity.runners import CPU_MODES, GPU_MODES, MODES, RunResult, make_runner, modes_for
+from parity.runners import CPU_MODES, GPU_MODES, MODES, CaptureError, RunResult, make_runner, modes_for
+from parity.runners.capture_isolated import capture_in_subprocess
+from serving_models.common import capture as capture_registry
+from tests.runners_toys import GEN_START, WIDTH, BranchFree, HostRead, RepeatedCall, TwoExpertMoE
 
 # aot_eager: runs Dynamo and AOTAutograd (the parts that bake, guard and break graphs) without
 # Inductor's C++ build, which takes seconds per graph on this 2-core machine; one test below
@@ -105,7 +105,7 @@ def test_taps_are_taken_off_when_a_run_closes():
 
 def test_a_failed_prepare_leaves_no_hooks():
     module = HostRead("item")
-    with pytest.raises(Exception):
+    with pytest.raises(CaptureError):
         make_runner("cpu_graph", device="cpu").prepare(module.forward, (torch.randn(4),), taps={"me": module})
     assert len(module._forward_hooks) == 0
 
@@ -117,7 +117,9 @@ def test_site_name_defaults_to_the_bound_module_and_method():
     def free_function(x):
         return x * x.sum().item()
 
-    with pytest.raises(Exception, match="while capturing test_site_name_defaults_to_the_bound_module_and_method.<locals>.free_function"):
+    with pytest.raises(
+        Exception, match="while capturing test_site_name_defaults_to_the_bound_module_and_method.<locals>.free_function"
+    ):
         make_runner("cpu_graph", device="cpu").prepare(free_function, (torch.randn(4),))
 
     def scaled(x, factor):

@@ -15,9 +15,9 @@ import torch
 
 import parity.runners.cpu_graph
 from parity.observe.compile_ledger import CompileLedger, reset_compile_state
-from parity.runners.cpu_graph import CpuGraphRun
 from parity.observe.regional import RegionalCompile
 from parity.runners.base import RunResult
+from parity.runners.cpu_graph import CpuGraphRun
 from tests import test_compile_watch_ledger as ledger_tests
 from tests import test_compile_watch_regional as regional_tests
 from tests import test_runners_cpu_graph as cpu_graph_tests
@@ -55,6 +55,7 @@ def test_a_capture_that_does_not_tell_the_target_is_caught(monkeypatch):
 
 def test_a_stand_in_without_its_host_read_guard_is_caught(monkeypatch):
     monkeypatch.setattr(parity.runners.cpu_graph, "_no_host_copies", lambda site: contextlib.nullcontext())
+
     def let_through(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
 

@@ -50,7 +50,7 @@ def test_the_stale_replay_mutant_breaks_both_graph_runners() -> None:
         GraphRun._copy_in = before
 
 
-FAKE_ENTRY = '''
+FAKE_ENTRY = """
 from parity.suites.sensitivity import catalogue
 
 def pytest_configure(config):
@@ -59,14 +59,23 @@ def pytest_configure(config):
         {"cpu": catalogue.NotApplicable("equivalent at fp32 by construction"),
          "cuda": catalogue.NotApplicable("equivalent at bf16 by construction")},
     )
-'''
+"""
 
 
 def test_a_mutant_that_cannot_apply_is_recorded_not_applicable(tmp_path: Path) -> None:
     (tmp_path / "fake_entry.py").write_text(FAKE_ENTRY)
     result = run_pytest(
-        ["parity/suites/sensitivity/test_sensitivity.py", "-k", "test_mutant_is_killed and fake-equivalent", "-p", "fake_entry",
-         "--parity-report-dir", str(tmp_path), "--parity-run-id", "na"],
+        [
+            "parity/suites/sensitivity/test_sensitivity.py",
+            "-k",
+            "test_mutant_is_killed and fake-equivalent",
+            "-p",
+            "fake_entry",
+            "--parity-report-dir",
+            str(tmp_path),
+            "--parity-run-id",
+            "na",
+        ],
         PYTHONPATH=os.pathsep.join([str(tmp_path), str(PROJECT_ROOT)]),
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -75,4 +84,3 @@ def test_a_mutant_that_cannot_apply_is_recorded_not_applicable(tmp_path: Path) -
     assert row.verdict == "not_applicable" and "equivalent at fp32 by construction" in row.detail
     score = mutation_score(rows)
     assert (score.killed, score.applicable, score.not_applicable, score.survivors) == (0, 0, ["fake-equivalent"], [])
-

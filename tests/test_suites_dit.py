@@ -20,11 +20,11 @@ from PIL import Image
 from parity.observe.compile_ledger import CompileLedger
 from parity.observe.regional import compile_repeated_blocks
 from parity.report import read_results
-from reference_models.checkpoints import make_checkpoint
 from parity.suites.dit import mutants as mutants_dit
 from parity.suites.dit import support as dit_support
 from parity.suites.dit.support import block_class, block_codes, cases_for, lattice_for
 from parity.suites.dit.test_recompiles import Point, control_target, run_point
+from reference_models.checkpoints import make_checkpoint
 from tests.helpers import run_pytest
 
 pytestmark = pytest.mark.slow

@@ -31,8 +31,14 @@ CPU = torch.device("cpu")
 @pytest.mark.slow  # two spawned ranks
 def test_rank_check_catches_a_router_that_ignores_the_count(tmp_path: Path) -> None:
     spec = cases.CASES["rank"]
-    job = ranks.RankJob("parity.suites.routing.mutants:serving_ignores_valid_rows", "gloo", str(tmp_path / "rendezvous"),
-                          str(tmp_path), spec.seed, spec.timeout_s)
+    job = ranks.RankJob(
+        "parity.suites.routing.mutants:serving_ignores_valid_rows",
+        "gloo",
+        str(tmp_path / "rendezvous"),
+        str(tmp_path),
+        spec.seed,
+        spec.timeout_s,
+    )
     results = ranks.run_ranks(job)
     rows = [row for case, kind in ranks.rank_case_names() for row in ranks.rank_rows(case, kind, results, spec.seed, "gloo")]
     failed = {(row.metric, row.site) for row in rows if row.failed}
@@ -47,8 +53,13 @@ def audit(values: list[float], ref: list[int], cand: list[int], dtype: torch.dty
     logits = torch.tensor([values], dtype=torch.float32).to(dtype)
     options.setdefault("scoring", "softmax")
     return support.audit_decisions(
-        logits, torch.tensor([ref], dtype=torch.int32), torch.tensor([cand], dtype=torch.int32), k,
-        options, spacings=2.0, exact=exact,
+        logits,
+        torch.tensor([ref], dtype=torch.int32),
+        torch.tensor([cand], dtype=torch.int32),
+        k,
+        options,
+        spacings=2.0,
+        exact=exact,
     )
 
 
@@ -78,11 +89,29 @@ def test_audit_excuses_a_set_change_by_a_near_tie_between_groups() -> None:
     # Groups {0,1} and {2,3} score 2σ(1) vs 2σ(1 + 1 bf16 ulp): 0.4 bf16 spacings apart; the kept
     # group holds exactly k experts, so only the group margin can explain a different set.
     bias = torch.zeros(4)
-    [near] = audit([1.0, 1.0, 1.0 + 2.0**-7, 1.0 + 2.0**-7], [2, 3], [0, 1], torch.bfloat16, 2,
-                   scoring="sigmoid", num_expert_group=2, topk_group=1, correction_bias=bias)
+    [near] = audit(
+        [1.0, 1.0, 1.0 + 2.0**-7, 1.0 + 2.0**-7],
+        [2, 3],
+        [0, 1],
+        torch.bfloat16,
+        2,
+        scoring="sigmoid",
+        num_expert_group=2,
+        topk_group=1,
+        correction_bias=bias,
+    )
     assert near.verdict == TIE_FLIP and 0 < near.group_margin_ulps <= 2 and math.isinf(near.margin_ulps)
-    [far] = audit([1.0, 1.0, 2.0, 2.0], [2, 3], [0, 1], torch.bfloat16, 2,
-                  scoring="sigmoid", num_expert_group=2, topk_group=1, correction_bias=bias)
+    [far] = audit(
+        [1.0, 1.0, 2.0, 2.0],
+        [2, 3],
+        [0, 1],
+        torch.bfloat16,
+        2,
+        scoring="sigmoid",
+        num_expert_group=2,
+        topk_group=1,
+        correction_bias=bias,
+    )
     assert far.verdict == FAIL
 
 
@@ -315,8 +344,11 @@ def test_grid_has_512_points_and_every_grouped_point_has_groups() -> None:
 @pytest.mark.parametrize(
     "old,new,message",
     [
-        ("k = [1, 2, 4]\nnum_expert_group = 4\ntopk_group = 2", "k = [1, 2, 4, 8]\nnum_expert_group = 4\ntopk_group = 2",
-         "k=8 exceeds the 4 experts left"),
+        (
+            "k = [1, 2, 4]\nnum_expert_group = 4\ntopk_group = 2",
+            "k = [1, 2, 4, 8]\nnum_expert_group = 4\ntopk_group = 2",
+            "k=8 exceeds the 4 experts left",
+        ),
         ('kinds = ["softmax", "grouped"]\nlogit_std', 'kinds = ["softmax", "topk"]\nlogit_std', "unknown kind 'topk'"),
         ('name = "E40"\nexperts = 40', 'name = "E40"\nexperts = 80', "no row for E=40"),
     ],

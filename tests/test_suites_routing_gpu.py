@@ -26,9 +26,24 @@ SUITE_FILES = [
 
 def run_on_cuda(tmp_path: Path, target: str, selection: str) -> tuple[int, pd.DataFrame, str]:
     result = run_pytest(
-        [*SUITE_FILES, "-q", "--parity-device", "cuda", "--parity-size", "full", "-k", selection, "--parity-target", target,
-         "--parity-report-dir", str(tmp_path), "--parity-run-id", "run"],
-        cwd=PROJECT_ROOT, timeout=900,
+        [
+            *SUITE_FILES,
+            "-q",
+            "--parity-device",
+            "cuda",
+            "--parity-size",
+            "full",
+            "-k",
+            selection,
+            "--parity-target",
+            target,
+            "--parity-report-dir",
+            str(tmp_path),
+            "--parity-run-id",
+            "run",
+        ],
+        cwd=PROJECT_ROOT,
+        timeout=900,
     )
     csv = tmp_path / "run" / "results.csv"
     frame = pd.read_csv(csv, dtype=str, keep_default_na=False) if csv.exists() else pd.DataFrame()
@@ -40,7 +55,9 @@ def failing(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_suite_passes_on_cuda_with_cuda_graph_replay(tmp_path: Path) -> None:
-    code, frame, output = run_on_cuda(tmp_path, "serving", "replay or pad- or tie- or nan- or batch- or load- or ranks or E256-k8")
+    code, frame, output = run_on_cuda(
+        tmp_path, "serving", "replay or pad- or tie- or nan- or batch- or load- or ranks or E256-k8"
+    )
     assert code == 0, output
     assert failing(frame).empty
     replay = frame[frame["case"].str.startswith("replay-")]

@@ -40,7 +40,12 @@ from parity.compare import (
 def test_count_rule(value: int, threshold: int, at: str, verdict: str) -> None:
     result = count_rule(value, threshold, metric="m", at=at, detail="why")
     assert (result.verdict, result.metric, result.value, result.threshold, result.detail, result.bound) == (
-        verdict, "m", value, threshold, "why", FIXED,
+        verdict,
+        "m",
+        value,
+        threshold,
+        "why",
+        FIXED,
     )
 
 

@@ -31,8 +31,21 @@ def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeo
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with the parity wheel installed; returns its bin directory."""
     root = tmp_path_factory.mktemp("wheel")
-    build = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"),
-                  str(PROJECT_ROOT)], cwd=root)
+    build = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(root / "dist"),
+            str(PROJECT_ROOT),
+        ],
+        cwd=root,
+    )
     assert build.returncode == 0, build.stdout + build.stderr
     (wheel,) = (root / "dist").glob("parity-*.whl")
     venv = root / "venv"
@@ -50,11 +63,17 @@ def _clean_env() -> dict[str, str]:
 
 
 def test_the_wheel_carries_the_suites_cases_and_entry_points(installed: Path, tmp_path: Path) -> None:
-    probe = _run([str(installed / "python"), "-c",
-                  "import parity, parity.suites.ar.test_decode as t; from importlib.metadata import entry_points; "
-                  "from parity.cases import cases_dir; print(parity.__file__); print(sorted(p.name for p in cases_dir().iterdir())); "
-                  "print([e.value for e in entry_points(group='pytest11') if e.name == 'parity'])"],
-                 cwd=tmp_path, env=_clean_env())
+    probe = _run(
+        [
+            str(installed / "python"),
+            "-c",
+            "import parity, parity.suites.ar.test_decode as t; from importlib.metadata import entry_points; "
+            "from parity.cases import cases_dir; print(parity.__file__); print(sorted(p.name for p in cases_dir().iterdir())); "
+            "print([e.value for e in entry_points(group='pytest11') if e.name == 'parity'])",
+        ],
+        cwd=tmp_path,
+        env=_clean_env(),
+    )
     assert probe.returncode == 0, probe.stderr
     location, cases, entry = probe.stdout.strip().splitlines()
     assert str(PROJECT_ROOT) not in location, f"parity was imported from the checkout: {location}"

@@ -71,10 +71,7 @@ class TensorDiff:
             f"max_ulp={self.max_ulp}",
         ]
         if self.nonfinite_ref or self.nonfinite_cand:
-            parts.append(
-                f"non-finite ref={self.nonfinite_ref} cand={self.nonfinite_cand} "
-                f"mismatched={self.nonfinite_mismatch}"
-            )
+            parts.append(f"non-finite ref={self.nonfinite_ref} cand={self.nonfinite_cand} mismatched={self.nonfinite_mismatch}")
         if self.n_bad:
             parts.append(
                 f"{self.n_bad}/{self.numel} over {self.tol.describe()}, first at index "

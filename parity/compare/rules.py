@@ -103,7 +103,9 @@ def noise_floor_rule(
     cand_nonfinite = int((~torch.isfinite(cand.detach().float())).sum())
     # The threshold is measured (the eager reference's error in this run, on this machine's kernels).
     if cand_nonfinite:
-        return Verdict(FAIL, "rmse_vs_golden", res_error, threshold, f"non-finite: {cand_nonfinite} values; {summary}", MEASURED), record
+        return Verdict(
+            FAIL, "rmse_vs_golden", res_error, threshold, f"non-finite: {cand_nonfinite} values; {summary}", MEASURED
+        ), record
     if close or res_error <= threshold:
         how = "allclose to eager" if close else "within noise floor"
         return Verdict(PASS, "rmse_vs_golden", res_error, threshold, f"{how}; {summary}", MEASURED), record

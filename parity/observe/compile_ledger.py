@@ -318,9 +318,7 @@ class CompileLedger:
             kind = "compile"
         # Dynamo swallows the limit-hit Unsupported and runs the frame eagerly; only
         # FailOnRecompileLimitHit (fullgraph or fail_on_recompile_limit_hit) reaches the caller.
-        raised = error is not None and not (
-            kind == "limit_hit" and type(error).__name__ != "FailOnRecompileLimitHit"
-        )
+        raised = error is not None and not (kind == "limit_hit" and type(error).__name__ != "FailOnRecompileLimitHit")
         self.events.append(
             CompileEvent(
                 code=attempt.code,
@@ -391,9 +389,7 @@ class CompileLedger:
             counted = code in self._calls
             # The call that hit the limit ran eagerly too, hence +1 over the count before it.
             since = self._calls[code] - first.calls_at_event + 1 if counted else None
-            fallbacks.append(
-                EagerFallback(code, first.limit_type or "recompile_limit", first.calls_at_event, since)
-            )
+            fallbacks.append(EagerFallback(code, first.limit_type or "recompile_limit", first.calls_at_event, since))
         return fallbacks
 
     def graph_breaks(self) -> dict[str, int]:

@@ -37,9 +37,7 @@ Taps = dict[str, list[TapCall]]
 def _detached_copy(value: Any) -> Any:
     # A copy, not a reference: a later in-place op (a residual `add_`, a static buffer's next
     # copy-in) must not rewrite what the tap saw.
-    return pytree.tree_map(
-        lambda leaf: leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf, value
-    )
+    return pytree.tree_map(lambda leaf: leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf, value)
 
 
 class TapSet:

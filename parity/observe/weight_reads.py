@@ -62,7 +62,7 @@ def list_tensors(checkpoint_dir: str | Path) -> dict[str, TensorEntry]:
     entries: dict[str, TensorEntry] = {}
     for path in checkpoint_files(checkpoint_dir):
         with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118 - a safetensors handle, not a dict
                 info = handle.get_slice(name)
                 entries[name] = TensorEntry(name, tuple(info.get_shape()), info.get_dtype(), path.name)
     return entries

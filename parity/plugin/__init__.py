@@ -84,7 +84,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     parity_session = lanes.scope(config) == "all" or any(str(a).startswith("--parity-") for a in config.invocation_params.args)
     if option(config, "device") == "cpu" and parity_session:
         chosen = " ".join(f"{k}={v}" for k, v in kernels.items() if k in env.CPU_KERNEL_ENV and v)
-        line = f"parity: CPU kernels {kernels['cpu_capability']}, {lanes.cpu_threads()} thread(s)" + (f"; {chosen}" if chosen else "")
+        line = f"parity: CPU kernels {kernels['cpu_capability']}, {lanes.cpu_threads()} thread(s)" + (
+            f"; {chosen}" if chosen else ""
+        )
         lines.insert(0, line)
     return lines
 
@@ -117,13 +119,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[Any]:
     """A malformed case file is one readable line (file, table, key), not a loader traceback."""
-    report = yield
-    if report.failed and report.longrepr is not None:
+    collected = yield
+    if collected.failed and collected.longrepr is not None:
         marker = f"{CaseFileError.__name__}: "
-        lines = [line for line in str(report.longrepr).splitlines() if marker in line]
+        lines = [line for line in str(collected.longrepr).splitlines() if marker in line]
         if lines:
-            report.longrepr = lines[-1].split(marker, 1)[1].strip()
-    return report
+            collected.longrepr = lines[-1].split(marker, 1)[1].strip()
+    return collected
 
 
 @pytest.hookimpl(wrapper=True)
@@ -154,16 +156,23 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[Any]:
     """A suite test whose setup failed (a model that would not load, a fixture that raised) still
     leaves an `error` row, so a run's CSV accounts for every test of a suite."""
-    report = yield
+    outcome = yield
     suite = lanes.suite_of(item)
-    if report.when == "setup" and report.failed and suite and call.excinfo is not None:
+    if outcome.when == "setup" and outcome.failed and suite and call.excinfo is not None:
         exc = call.excinfo.value
         message = f"setup failed: {type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
         item.config.stash[WRITER].write(
-            {"suite": suite, "case": default_case(item), "metric": "exception", "value": None,
-             "verdict": ERROR, "detail": message, "test": item.nodeid}
+            {
+                "suite": suite,
+                "case": default_case(item),
+                "metric": "exception",
+                "value": None,
+                "verdict": ERROR,
+                "detail": message,
+                "test": item.nodeid,
+            }
         )
-    return report
+    return outcome
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -127,7 +127,7 @@ class SuiteReport:
         broken case does not hide the rows of the others (the test still fails at the end)."""
         try:
             yield
-        except Exception as exc:  # noqa: BLE001 - the row is the report of it
+        except Exception as exc:
             message = f"{type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
             self.record(case=case, mode=mode, site=site, metric="exception", value=None, verdict=ERROR, detail=message)
 

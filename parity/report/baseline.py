@@ -239,7 +239,9 @@ class Comparison:
         """Info rows that moved by more than `INFO_LIST_FACTOR`, or to / from a non-finite value."""
         if self.info_moves.empty:
             return self.info_moves
-        large = [_moved_by_factor(o, n, INFO_LIST_FACTOR) for o, n in zip(self.info_moves["old_value"], self.info_moves["new_value"])]
+        large = [
+            _moved_by_factor(o, n, INFO_LIST_FACTOR) for o, n in zip(self.info_moves["old_value"], self.info_moves["new_value"])
+        ]
         return self.info_moves[large]
 
     @property
@@ -258,7 +260,17 @@ class Comparison:
         return _cases(self.vanished)
 
 
-OUTCOME_COLUMNS = ROW_KEYS + ["kind", "better", "bound", "old_value", "new_value", "threshold", "old_verdict", "new_verdict", "why"]
+OUTCOME_COLUMNS = ROW_KEYS + [
+    "kind",
+    "better",
+    "bound",
+    "old_value",
+    "new_value",
+    "threshold",
+    "old_verdict",
+    "new_verdict",
+    "why",
+]
 
 
 def _cases(rows: pd.DataFrame) -> pd.DataFrame:
@@ -386,7 +398,12 @@ def compare_rows(baseline: pd.DataFrame, current: pd.DataFrame, *, margin: float
     merged = old.merge(new, on=ROW_KEYS + ["_n"], how="outer", suffixes=("_old", "_new"), indicator=True)
 
     buckets: dict[str, list[dict[str, Any]]] = {
-        "regression": [], "improvement": [], "changed": [], "info": [], "new": [], "vanished": []
+        "regression": [],
+        "improvement": [],
+        "changed": [],
+        "info": [],
+        "new": [],
+        "vanished": [],
     }
     growth: dict[tuple[str, str], list[float]] = {}  # (suite, metric) -> log growth of measured bounds
     matched = 0
@@ -413,13 +430,25 @@ def compare_rows(baseline: pd.DataFrame, current: pd.DataFrame, *, margin: float
         mean = math.exp(sum(logs) / len(logs))
         if len(logs) >= MEASURED_GROUP_MIN and mean > MEASURED_GROUP_FACTOR:
             example = current[(current["suite"] == suite) & (current["metric"] == metric)].iloc[0]
-            buckets["regression"].append({
-                **{k: "" for k in ROW_KEYS}, "suite": suite, "case": f"({len(logs)} rows)", "target": example["target"],
-                "metric": metric, "kind": "gate", "better": example["better"], "bound": MEASURED,
-                "old_value": math.nan, "new_value": math.nan, "threshold": math.nan, "old_verdict": "", "new_verdict": "",
-                "why": f"bound loosened: the measured bounds grew by x{mean:.3g} (geometric mean over {len(logs)} rows; "
-                       f"kernel noise moves it by less than x{MEASURED_GROUP_FACTOR:g}): a changed multiplier or floor",
-            })
+            buckets["regression"].append(
+                {
+                    **dict.fromkeys(ROW_KEYS, ""),
+                    "suite": suite,
+                    "case": f"({len(logs)} rows)",
+                    "target": example["target"],
+                    "metric": metric,
+                    "kind": "gate",
+                    "better": example["better"],
+                    "bound": MEASURED,
+                    "old_value": math.nan,
+                    "new_value": math.nan,
+                    "threshold": math.nan,
+                    "old_verdict": "",
+                    "new_verdict": "",
+                    "why": f"bound loosened: the measured bounds grew by x{mean:.3g} (geometric mean over {len(logs)} rows; "
+                    f"kernel noise moves it by less than x{MEASURED_GROUP_FACTOR:g}): a changed multiplier or floor",
+                }
+            )
     frames = {k: pd.DataFrame(v, columns=OUTCOME_COLUMNS) for k, v in buckets.items()}
     return Comparison(
         baseline=name,
@@ -462,9 +491,7 @@ def _outcome(record: dict[str, Any], old: pd.Series | None, new: pd.Series | Non
 
 def format_comparison(comparison: Comparison, *, limit: int = 20) -> str:
     """The comparison as terminal text: regressions, improvements, new and vanished cases, moves."""
-    lines = [
-        f"baseline {comparison.baseline}: {comparison.matched} rows matched, margin {comparison.margin:.0%} of the bound"
-    ]
+    lines = [f"baseline {comparison.baseline}: {comparison.matched} rows matched, margin {comparison.margin:.0%} of the bound"]
     if comparison.suites_not_run:
         lines.append(f"  not compared (no rows in this run): {', '.join(comparison.suites_not_run)}")
     for title, frame in (

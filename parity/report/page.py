@@ -29,11 +29,20 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from parity.report.baseline import INFO_LIST_FACTOR, Comparison
 from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, TIE_FLIP
-from parity.report.rows import RESULTS_FILE, RUN_INFO_FILE, mutation_score, summarize
+from parity.report.baseline import INFO_LIST_FACTOR, Comparison
+from parity.report.plots import (
+    AR_LAYERS,
+    DIT_BLOCKS,
+    OTHER_SITES,
+    divergence_plot,
+    image_diff_plot,
+    load_png,
+    site_family,
+    site_order,
+)
 from parity.report.review import Review, failing_first, failing_suites_first, used_share
-from parity.report.plots import DIT_BLOCKS, AR_LAYERS, OTHER_SITES, divergence_plot, image_diff_plot, load_png, site_family, site_order
+from parity.report.rows import RESULTS_FILE, RUN_INFO_FILE, mutation_score, summarize
 
 PAGE_FILE = "index.html"
 ASSET_DIR = "review"  # figures the page draws; rewritten on every page build
@@ -200,13 +209,26 @@ def summary_section(review: Review) -> str:
     def suite_class(row: pd.Series) -> str:
         return "error" if row["error"] else ("fail" if row["fail"] else ("tie_flip" if row["tie_flip"] else "pass"))
 
-    body = [table(summary, ("suite", "cases", "pass", "fail", "tie_flip", "error", "not_applicable", "worst"), row_class=suite_class, table_id="summary-table")]
+    body = [
+        table(
+            summary,
+            ("suite", "cases", "pass", "fail", "tie_flip", "error", "not_applicable", "worst"),
+            row_class=suite_class,
+            table_id="summary-table",
+        )
+    ]
     failing = review.failing
     body.append("<h3>Failing rows</h3>")
     if failing.empty:
         body.append(note("no gate row failed or errored"))
     else:
-        body.append(table(failing, ("verdict", "suite", "case", "mode", "site", "metric", "value", "threshold", "better", "detail"), table_id="failing-rows"))
+        body.append(
+            table(
+                failing,
+                ("verdict", "suite", "case", "mode", "site", "metric", "value", "threshold", "better", "detail"),
+                table_id="failing-rows",
+            )
+        )
     flips = review.frame[(review.frame["kind"] != "info") & (review.frame["verdict"] == TIE_FLIP)]
     if not flips.empty:
         body.append(f"<h3>Tie flips ({len(flips)} rows: decisions inside the dtype's noise, not defects)</h3>")
@@ -230,19 +252,40 @@ def baseline_section(review: Review) -> str:
     ]
     if comparison.suites_not_run:
         body.append(note("not compared (no rows in this run): " + ", ".join(comparison.suites_not_run)))
-    outcome_columns = ("suite", "case", "mode", "site", "metric", "old_value", "new_value", "threshold", "bound", "old_verdict", "new_verdict", "why")
+    outcome_columns = (
+        "suite",
+        "case",
+        "mode",
+        "site",
+        "metric",
+        "old_value",
+        "new_value",
+        "threshold",
+        "bound",
+        "old_verdict",
+        "new_verdict",
+        "why",
+    )
     for title, frame, kind in (
         ("Regressions", comparison.regressions, "regression"),
         ("Improvements", comparison.improvements, "improvement"),
     ):
         body.append(f"<h3>{title} ({len(frame)})</h3>")
-        body.append(table(frame, outcome_columns, row_class=_outcome_class(kind), table_id=kind + "s") if not frame.empty else note("none"))
+        body.append(
+            table(frame, outcome_columns, row_class=_outcome_class(kind), table_id=kind + "s")
+            if not frame.empty
+            else note("none")
+        )
     for title, cases, kind in (
         ("New cases", comparison.new_cases(), "new"),
         ("Vanished cases (a vanished gate row fails the review)", comparison.vanished_cases(), "regression"),
     ):
         body.append(f"<h3>{esc(title)} ({len(cases)})</h3>")
-        body.append(table(cases, ("suite", "case", "target", "mode", "rows", "gate_rows"), row_class=_outcome_class(kind)) if not cases.empty else note("none"))
+        body.append(
+            table(cases, ("suite", "case", "target", "mode", "rows", "gate_rows"), row_class=_outcome_class(kind))
+            if not cases.empty
+            else note("none")
+        )
     changed = comparison.changed
     body.append(f"<details><summary>Changed gate rows, neither better nor worse by the rule ({len(changed)})</summary>")
     body.append(table(changed, outcome_columns, row_class=_outcome_class("")) if not changed.empty else note("none"))
@@ -274,7 +317,9 @@ def _first_divergence(rows: pd.DataFrame) -> pd.DataFrame:
                 "mode": mode,
                 "verdict": _gate_verdict(group),
                 "first_failing_site": (first["site"] or "(whole output)") if first is not None else "none",
-                "at_first_failure": f"{first['metric']}={fmt_number(first['value'])} > {fmt_number(first['threshold'])}" if first is not None else "",
+                "at_first_failure": f"{first['metric']}={fmt_number(first['value'])} > {fmt_number(first['threshold'])}"
+                if first is not None
+                else "",
                 "nearest_to_bound": (
                     f"{nearest['site'] or '(whole output)'}: {nearest['metric']}={fmt_number(nearest['value'])}, "
                     f"{used.max():.1%} of bound {fmt_number(nearest['threshold'])}"
@@ -289,7 +334,13 @@ def _first_divergence(rows: pd.DataFrame) -> pd.DataFrame:
 
 def numerics_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
     body = ["<h3>First diverging site per case</h3>"]
-    body.append(table(_first_divergence(rows), ("case", "mode", "verdict", "first_failing_site", "at_first_failure", "nearest_to_bound"), table_id="numerics-divergence"))
+    body.append(
+        table(
+            _first_divergence(rows),
+            ("case", "mode", "verdict", "first_failing_site", "at_first_failure", "nearest_to_bound"),
+            table_id="numerics-divergence",
+        )
+    )
     sited = rows[rows["site"] != ""]
     families = {}
     for site in site_order(sited["site"].tolist()):
@@ -407,21 +458,31 @@ def _image_scores(rows: pd.DataFrame) -> pd.DataFrame:
 def images_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
     cases = image_cases(review.run_dir)
     body = ["<h3>PSNR / SSIM by case (PSNR in dB, higher is better; data_range in the detail)</h3>"]
-    body.append(table(_image_scores(rows), ("case", "pair", "verdict", "psnr", "psnr_bound", "ssim", "ssim_bound", "detail"), table_id="image-scores"))
+    body.append(
+        table(
+            _image_scores(rows),
+            ("case", "pair", "verdict", "psnr", "psnr_bound", "ssim", "ssim_bound", "detail"),
+            table_id="image-scores",
+        )
+    )
     if not cases:
         body.append(note(f"no PNGs under {IMAGES_DIR}/<case>/ in this run"))
     for case, pngs in cases.items():
         body.append(f"<h3>{esc(case)}</h3><div>")
         for png in pngs:
             rel = png.relative_to(review.run_dir).as_posix()
-            body.append(f'<figure><a href="{href(rel)}"><img src="{href(rel)}" alt="{esc(case)}: {esc(png.stem)}" width="256"></a><figcaption>{esc(png.stem)}</figcaption></figure>')
+            body.append(
+                f'<figure><a href="{href(rel)}"><img src="{href(rel)}" alt="{esc(case)}: {esc(png.stem)}" width="256"></a><figcaption>{esc(png.stem)}</figcaption></figure>'
+            )
         images = {png.stem: load_png(png) for png in pngs}
         reference = "reference" if "reference" in images else pngs[0].stem
         drawn = image_diff_plot(images, reference, assets.path(f"image-diff-{case}"), f"{case}: difference against {reference}")
         if drawn is not None:
             path, panels = drawn
             text = "; ".join(f"{p.candidate}: max {p.max_diff}/255, mean {p.mean_diff:.3g}" for p in panels)
-            body.append(f'<figure><img src="{href(assets.relative(path))}" alt="{esc(case)}: difference heat map"><figcaption>{esc(text)}</figcaption></figure>')
+            body.append(
+                f'<figure><img src="{href(assets.relative(path))}" alt="{esc(case)}: difference heat map"><figcaption>{esc(text)}</figcaption></figure>'
+            )
         elif len(images) > 1:
             body.append(note("variants differ in size: no heat map"))
         body.append("</div>")
@@ -509,7 +570,9 @@ def all_rows_section(review: Review) -> str:
         rows = failing_first(frame[frame["suite"] == suite])
         verdict = _gate_verdict(rows)
         is_open = " open" if verdict in (FAIL, ERROR) else ""
-        body.append(f'<details{is_open} id="rows-{esc(suite)}"><summary><b>{esc(suite)}</b>: {len(rows)} rows, worst verdict {esc(verdict)}</summary>')
+        body.append(
+            f'<details{is_open} id="rows-{esc(suite)}"><summary><b>{esc(suite)}</b>: {len(rows)} rows, worst verdict {esc(verdict)}</summary>'
+        )
         body.append(table(rows, ROW_COLUMNS))
         body.append("</details>")
     return section("rows", "All rows by suite", "\n".join(body))
@@ -543,10 +606,16 @@ def environment_section(review: Review) -> str:
 # The page
 # ---------------------------------------------------------------------------------------------
 
+
 def navigation(views: Sequence[SuiteView], suites: Sequence[str]) -> str:
     """Links to the sections on the page, then to each suite's rows (the suites of this run)."""
-    anchors = [("summary", "What failed"), ("baseline", "Baseline"), *((v.anchor, v.nav) for v in views),
-               ("rows", "All rows"), ("environment", "Environment")]
+    anchors = [
+        ("summary", "What failed"),
+        ("baseline", "Baseline"),
+        *((v.anchor, v.nav) for v in views),
+        ("rows", "All rows"),
+        ("environment", "Environment"),
+    ]
     links = "".join(f'<a href="#{esc(anchor)}">{esc(label)}</a>' for anchor, label in anchors)
     if suites:
         links += "<br>Suites: " + "".join(f'<a href="#rows-{esc(s)}">{esc(s)}</a>' for s in suites)

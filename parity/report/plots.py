@@ -94,8 +94,15 @@ def divergence_plot(rows: pd.DataFrame, metrics: Sequence[str], path: Path, titl
             y = mine["value"].to_numpy(dtype=float)
             zero_drawn |= bool((y <= 0).any())
             y = np.where(np.isfinite(y), np.maximum(y, floor), np.nan)
-            axis.plot(mine["_x"], y, marker=markers[i % len(markers)], markersize=4, linewidth=1.2,
-                      color=colours(i), label=f"{case} / {mode}")
+            axis.plot(
+                mine["_x"],
+                y,
+                marker=markers[i % len(markers)],
+                markersize=4,
+                linewidth=1.2,
+                color=colours(i),
+                label=f"{case} / {mode}",
+            )
         thresholds = rows.loc[(rows["metric"] == metric) & (rows["kind"] != "info"), "threshold"].dropna().unique()
         if len(thresholds) == 1 and thresholds[0] > 0:
             axis.axhline(thresholds[0], color="crimson", linestyle="--", linewidth=1, label=f"bound {thresholds[0]:.3g}")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, TIE_FLIP
 from parity.report.baseline import (
     BASELINE_DIR,
     DEFAULT_MARGIN,
@@ -23,7 +24,6 @@ from parity.report.baseline import (
     load_rows,
     row_location,
 )
-from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, TIE_FLIP
 from parity.report.rows import RESULTS_FILE, format_summary, read_run_info, summarize
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
@@ -141,9 +141,7 @@ def _row_line(row: pd.Series) -> str:
 def format_review(review: Review, *, show_all: bool = False, limit: int = 20) -> str:
     """Terminal text: per suite (failing suites first) its counts and failing rows, then the baseline."""
     frame = review.frame
-    config = ", ".join(
-        f"{k} {review.info.get(k) or _one(frame, k)}" for k in ("target", "device", "dtype", "size") if k in frame
-    )
+    config = ", ".join(f"{k} {review.info.get(k) or _one(frame, k)}" for k in ("target", "device", "dtype", "size") if k in frame)
     lines = [f"{review.title} ({config}; git {review.info.get('git_sha', '?')}; torch {review.info.get('torch', '?')})", ""]
     lines += [format_summary(review.summary), ""]
     summary = review.summary

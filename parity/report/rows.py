@@ -69,7 +69,7 @@ CONTEXT_COLUMNS = ("run_id", "target", "device", "dtype", "size", "torch_version
 
 def new_run_id() -> str:
     """A sortable, collision-safe run id: UTC timestamp plus 6 random hex digits."""
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    return _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
 def make_run_dir(report_dir: str | Path, run_id: str | None = None) -> Path:
@@ -103,9 +103,7 @@ def _cell(value: Any) -> Any:
 class ReportWriter:
     """Appends rows to `run_dir/results.csv`, filling the run's context columns."""
 
-    def __init__(
-        self, run_dir: str | Path, context: Mapping[str, Any], *, on_create: Callable[[Path], None] | None = None
-    ):
+    def __init__(self, run_dir: str | Path, context: Mapping[str, Any], *, on_create: Callable[[Path], None] | None = None):
         """`on_create(run_dir)` runs once per run, by the process that writes the first row (under
         the file lock): where a run's `run.json` is written, so a session without rows leaves nothing."""
         unknown = set(context) - set(COLUMNS)
@@ -120,7 +118,7 @@ class ReportWriter:
         unknown = set(row) - set(COLUMNS)
         if unknown:
             raise ReportError(f"unknown report columns {sorted(unknown)}; known: {', '.join(COLUMNS)}")
-        full = {column: "" for column in COLUMNS}
+        full = dict.fromkeys(COLUMNS, "")
         full.update(self.context)
         full.update({k: v for k, v in row.items() if v is not None})
         for required in ("suite", "case", "metric", "verdict"):
@@ -140,7 +138,7 @@ class ReportWriter:
         if full["bound"] not in BOUND_KINDS:
             raise ReportError(f"bound must be one of {BOUND_KINDS[:-1]} (or empty without a threshold), got {full['bound']!r}")
         full["mode"] = full["mode"] or "eager"
-        full["time"] = full["time"] or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+        full["time"] = full["time"] or _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
         return {k: _cell(v) for k, v in full.items()}
 
     def write(self, row: Mapping[str, Any]) -> dict[str, Any]:

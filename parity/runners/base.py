@@ -10,7 +10,6 @@ is a method a test or a mutant can switch off (`copy_inputs=False`, or override 
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -133,9 +132,7 @@ class OutputLayout:
 class StaticInputs:
     """Runner-owned input buffers of a recorded graph, made from the example shapes."""
 
-    def __init__(
-        self, examples: Sequence[torch.Tensor], *, dummy: Dummy, device: torch.device, site: str
-    ) -> None:
+    def __init__(self, examples: Sequence[torch.Tensor], *, dummy: Dummy, device: torch.device, site: str) -> None:
         if dummy not in ("zeros", "example"):
             raise ValueError(f"dummy must be 'zeros' or 'example', got {dummy!r}")
         self.site = site
@@ -154,10 +151,7 @@ class StaticInputs:
 
     def check(self, inputs: Sequence[Any]) -> None:
         if len(inputs) != len(self.buffers):
-            raise ReplayInputError(
-                f"{self.site}: the graph was recorded with {len(self.buffers)} inputs, "
-                f"got {len(inputs)}"
-            )
+            raise ReplayInputError(f"{self.site}: the graph was recorded with {len(self.buffers)} inputs, got {len(inputs)}")
         for index, (new, static) in enumerate(zip(inputs, self.buffers)):
             if not isinstance(new, torch.Tensor):
                 raise ReplayInputError(f"{self.site}: input {index} is a {type(new).__name__}, not a tensor")
@@ -188,9 +182,7 @@ class PreparedRun:
     mode: str = "?"
     devices: tuple[str, ...] = ()  # device types the mode runs on (the registry derives modes_for from it)
 
-    def __init__(
-        self, fn: Callable[..., Any], taps: TapSet, site: str, host_prepare: HostPrepare | None
-    ) -> None:
+    def __init__(self, fn: Callable[..., Any], taps: TapSet, site: str, host_prepare: HostPrepare | None) -> None:
         self.fn = fn
         self.tapset = taps
         self.site = site

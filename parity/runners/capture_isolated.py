@@ -102,8 +102,8 @@ def _load_factory(path: str) -> Callable[[], CaptureCase]:
 
 
 def _child_main(request_json: str) -> None:
-    from parity.runners.base import CaptureError
     from parity.runners import make_runner
+    from parity.runners.base import CaptureError
 
     request = json.loads(request_json)
     device = torch.device(request["device"])
@@ -115,13 +115,9 @@ def _child_main(request_json: str) -> None:
         "rng_usable_after": None,
     }
     case = _load_factory(request["factory"])()
-    runner = make_runner(
-        request["mode"], device=device, capture_registry=case.capture_registry, **case.runner_knobs
-    )
+    runner = make_runner(request["mode"], device=device, capture_registry=case.capture_registry, **case.runner_knobs)
     try:
-        prepared = runner.prepare(
-            case.fn, case.example_inputs, dummy=case.dummy, taps=case.taps, name=case.name
-        )
+        prepared = runner.prepare(case.fn, case.example_inputs, dummy=case.dummy, taps=case.taps, name=case.name)
         prepared.close()
         report["captured"] = True
     except CaptureError as error:

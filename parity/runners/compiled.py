@@ -45,9 +45,7 @@ class CompiledRun(PreparedRun):
         try:
             self(*warm)
         except Exception as error:
-            error.add_note(
-                f"while compiling {site} (torch.compile fullgraph={options.fullgraph}, dynamic={options.dynamic})"
-            )
+            error.add_note(f"while compiling {site} (torch.compile fullgraph={options.fullgraph}, dynamic={options.dynamic})")
             raise
 
     def __call__(self, *inputs: Any) -> RunResult:
@@ -64,5 +62,7 @@ class CompiledCudaGraphRun(CudaGraphRun):
     mode = "compiled_cuda_graph"
     devices = ("cuda",)
 
-    def __init__(self, fn: Callable[..., Any], example_inputs: Sequence[torch.Tensor], *, ledger: CompileLedger | None, **common: Any) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], example_inputs: Sequence[torch.Tensor], *, ledger: CompileLedger | None, **common: Any
+    ) -> None:
         super().__init__(compile_function(fn, common["options"], ledger), example_inputs, **common)

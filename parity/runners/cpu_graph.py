@@ -32,8 +32,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from parity.runners.capture_probe import reporting_capture, target_sees_capturing
 from parity.runners.base import CaptureError, OutputLayout, RecordedFunction
+from parity.runners.capture_probe import reporting_capture, target_sees_capturing
 from parity.runners.graph import GraphRun
 
 _aten = torch.ops.aten
@@ -44,10 +44,7 @@ _REPEAT_INTERLEAVE = {_aten.repeat_interleave.Tensor, _aten.repeat_interleave.se
 
 def _has_mask_index(args: Sequence[Any]) -> bool:
     indices = args[1] if len(args) > 1 else ()
-    return any(
-        isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
-        for index in (indices or ())
-    )
+    return any(isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8) for index in (indices or ()))
 
 
 def host_sync_reason(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
@@ -96,8 +93,7 @@ def _no_host_copies(site: str) -> Iterator[None]:
 
         def refuse(self: torch.Tensor, *args: Any, _method: str = method, **kwargs: Any) -> Any:
             raise CaptureError(
-                f"host read of a tensor value while capturing {site}: Tensor.{_method}() copies "
-                "device values to the host",
+                f"host read of a tensor value while capturing {site}: Tensor.{_method}() copies device values to the host",
                 site=site,
             )
 

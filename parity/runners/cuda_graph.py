@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from parity.runners.capture_probe import target_sees_capturing
 from parity.runners.base import CaptureError, OutputLayout, RecordedFunction
+from parity.runners.capture_probe import target_sees_capturing
 from parity.runners.graph import GraphRun
 
 
@@ -29,7 +29,9 @@ class CudaGraphRun(GraphRun):
     mode = "cuda_graph"
     devices = ("cuda",)
 
-    def __init__(self, fn: Callable[..., Any], example_inputs: Sequence[torch.Tensor], *, pool: Any | None = None, **common: Any) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], example_inputs: Sequence[torch.Tensor], *, pool: Any | None = None, **common: Any
+    ) -> None:
         device = common["device"]
         if device.type != "cuda":
             raise ValueError(f"{self.mode} needs a CUDA device, got {device} (use cpu_graph on the CPU)")
@@ -40,8 +42,9 @@ class CudaGraphRun(GraphRun):
         self._warm_up(recorded)
         self.graph = torch.cuda.CUDAGraph()
         try:
-            with torch.no_grad(), torch.cuda.graph(
-                self.graph, pool=self.pool, capture_error_mode=self.options.capture_error_mode
+            with (
+                torch.no_grad(),
+                torch.cuda.graph(self.graph, pool=self.pool, capture_error_mode=self.options.capture_error_mode),
             ):
                 self.probe_during_capture = target_sees_capturing(registry, self.device)
                 result = recorded(*self.static.buffers)

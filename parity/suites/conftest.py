@@ -86,7 +86,7 @@ def ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFacto
     """The AR target, reference and golden (built once per session while resident)."""
     if not hasattr(target, "load_ar"):
         pytest.skip(f"target {target.name!r} has no AR backbone (no load_ar)")
-    build = lambda: build_ar_models(settings, target, tmp_path_factory)  # noqa: E731
+    build = lambda: build_ar_models(settings, target, tmp_path_factory)
     return RESIDENT.get("ar", build, exclusive=settings.size == "full")
 
 
@@ -94,5 +94,5 @@ def ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFacto
 def dit_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
     """The DiT target, reference and golden (built once per session while resident)."""
     require_dit(target)
-    build = lambda: build_dit_models(target, settings, tmp_path_factory)  # noqa: E731
+    build = lambda: build_dit_models(target, settings, tmp_path_factory)
     return RESIDENT.get("dit", build, exclusive=settings.size == "full")

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reference_models.common import capture
 from reference_models.ar.config import MammothModa2ARConfig
 from reference_models.ar.model import MammothModa2ForCausalLM, derive_gen_token_mask
+from reference_models.common import capture
 
 
 @dataclass(frozen=True)

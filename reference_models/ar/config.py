@@ -52,14 +52,10 @@ def parse_moe_type(moe_type: str) -> MoERange:
         kind, layers = parts
         bounds = layers.split(":")
         if len(bounds) != 2 or not all(b.isdigit() for b in bounds):
-            raise ValueError(
-                f"moe_type {moe_type!r}: layer range {layers!r} is not START:END with non-negative integers"
-            )
+            raise ValueError(f"moe_type {moe_type!r}: layer range {layers!r} is not START:END with non-negative integers")
         start, end = int(bounds[0]), int(bounds[1])
         if start > end:
-            raise ValueError(
-                f"moe_type {moe_type!r}: range start {start} is after end {end} (the range is [start, end))"
-            )
+            raise ValueError(f"moe_type {moe_type!r}: range start {start} is after end {end} (the range is [start, end))")
     else:
         kind, start, end = moe_type, 0, math.inf
     if kind not in MOE_TYPES:
@@ -95,9 +91,7 @@ class MammothModa2ARConfig:
     def __post_init__(self) -> None:
         parse_moe_type(self.moe_type)
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
-            )
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_models.common import hf_checkpoint
 from reference_models.ar.config import MammothModa2ARConfig
+from reference_models.common import hf_checkpoint
 
 
 def upcast_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -239,9 +239,7 @@ class MammothModa2TextModel(nn.Module):
         self.gen_vocab_start_index = config.gen_vocab_start_index
         self.extra_gen_vocab = config.extra_gen_vocab
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.gen_embed_tokens = (
-            nn.Embedding(config.gen_vocab_size, config.hidden_size) if config.extra_gen_vocab else None
-        )
+        self.gen_embed_tokens = nn.Embedding(config.gen_vocab_size, config.hidden_size) if config.extra_gen_vocab else None
         self.layers = nn.ModuleList(MammothModa2DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = Qwen2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen2RotaryEmbedding(config.head_dim, config.rope_theta)
@@ -305,15 +303,12 @@ class MammothModa2ForCausalLM(nn.Module):
         super().__init__()
         if config.model_type != "mammothmoda2_qwen2_5_vl":
             raise NotImplementedError(
-                f"model_type {config.model_type!r}: the reference implements the Qwen2.5 text path "
-                "(mammothmoda2_qwen2_5_vl) only"
+                f"model_type {config.model_type!r}: the reference implements the Qwen2.5 text path (mammothmoda2_qwen2_5_vl) only"
             )
         self.config = config
         self.model = MammothModa2TextModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.gen_head = (
-            nn.Linear(config.hidden_size, config.gen_vocab_size, bias=False) if config.extra_gen_vocab else None
-        )
+        self.gen_head = nn.Linear(config.hidden_size, config.gen_vocab_size, bias=False) if config.extra_gen_vocab else None
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden_states)
@@ -357,9 +352,7 @@ class MammothModa2ForCausalLM(nn.Module):
         if not tokens:
             width = self.config.logits_width
             dtype = self.lm_head.weight.dtype
-            return input_ids.new_zeros(input_ids.shape[0], 0), input_ids.new_zeros(
-                input_ids.shape[0], 0, width, dtype=dtype
-            )
+            return input_ids.new_zeros(input_ids.shape[0], 0), input_ids.new_zeros(input_ids.shape[0], 0, width, dtype=dtype)
         return torch.cat(tokens, dim=1), torch.stack(step_logits, dim=1)
 
     # ---- HF-style checkpoints (names are the module's own parameter names) ----

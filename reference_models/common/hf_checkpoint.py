@@ -45,9 +45,7 @@ class CheckpointMismatchError(ValueError):
         super().__init__("\n".join(lines))
 
 
-def check_state_dict(
-    expected_shapes: Mapping[str, tuple[int, ...]], state_dict: Mapping[str, torch.Tensor], source: str
-) -> None:
+def check_state_dict(expected_shapes: Mapping[str, tuple[int, ...]], state_dict: Mapping[str, torch.Tensor], source: str) -> None:
     """Raise CheckpointMismatchError listing every difference between names/shapes and `state_dict`."""
     missing = [name for name in expected_shapes if name not in state_dict]
     unexpected = [name for name in state_dict if name not in expected_shapes]
@@ -64,9 +62,7 @@ def _tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def save_state_dict(
-    directory: str | Path, state_dict: Mapping[str, torch.Tensor], *, max_shard_bytes: int | None = None
-) -> Path:
+def save_state_dict(directory: str | Path, state_dict: Mapping[str, torch.Tensor], *, max_shard_bytes: int | None = None) -> Path:
     """Write `state_dict` as `model.safetensors`, or as shards of at most `max_shard_bytes` plus an index.
 
     A tensor larger than `max_shard_bytes` gets a shard of its own. Returns the directory.

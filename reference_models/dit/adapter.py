@@ -99,9 +99,7 @@ class ReferenceDiT:
         module, decoder = build_modules_on_meta(config)
         device = torch.device(device)
         model_sd = {k: v.to(device, dtype) for k, v in tensors.items() if not k.startswith(DECODER_PREFIX)}
-        decoder_sd = {
-            k[len(DECODER_PREFIX) :]: v.to(device, dtype) for k, v in tensors.items() if k.startswith(DECODER_PREFIX)
-        }
+        decoder_sd = {k[len(DECODER_PREFIX) :]: v.to(device, dtype) for k, v in tensors.items() if k.startswith(DECODER_PREFIX)}
         module.load_state_dict(model_sd, strict=True, assign=True)
         decoder.load_state_dict(decoder_sd, strict=True, assign=True)
         for m in (module, decoder):

@@ -177,9 +177,7 @@ def read_checkpoint(checkpoint_dir: str | Path) -> tuple[DiTConfig, dict[str, to
     raise FileNotFoundError(f"{root}: neither {WEIGHTS_NAME} nor {INDEX_NAME} is present")
 
 
-def check_tensors(
-    expected: Mapping[str, torch.Size], found: Mapping[str, torch.Tensor], source: str
-) -> None:
+def check_tensors(expected: Mapping[str, torch.Size], found: Mapping[str, torch.Tensor], source: str) -> None:
     """Raise CheckpointMismatchError naming every missing, unexpected and wrong-shaped tensor."""
     missing = [n for n in expected if n not in found]
     unexpected = sorted(n for n in found if n not in expected)

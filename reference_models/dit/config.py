@@ -161,9 +161,7 @@ class DiTConfig:
             raise ValueError(f"{source}: " + "; ".join(problems))
         tuples = {"axes_dim_rope", "axes_lens"}
         kwargs = {k: tuple(v) if k in tuples else v for k, v in data.items()}
-        decoder = DecoderConfig(
-            **{k: tuple(v) if k == "block_out_channels" else v for k, v in decoder_data.items()}
-        )
+        decoder = DecoderConfig(**{k: tuple(v) if k == "block_out_channels" else v for k, v in decoder_data.items()})
         return cls(**kwargs, decoder=decoder, name=name)
 
     @classmethod
@@ -188,12 +186,7 @@ class DiTConfig:
         embed = self.patch_dim * d + d + 256 * t + t + t * t + t
         embed += self.text_feat_dim + self.text_feat_dim * d + d
         head = t * d + d + d * self.patch_size**2 * self.out_channels + self.patch_size**2 * self.out_channels
-        return (
-            embed
-            + self.num_refiner_layers * (plain_block + modulated_block)
-            + self.num_layers * modulated_block
-            + head
-        )
+        return embed + self.num_refiner_layers * (plain_block + modulated_block) + self.num_layers * modulated_block + head
 
 
 def tiny_config() -> DiTConfig:
@@ -246,4 +239,3 @@ def config_for_size(size: str) -> DiTConfig:
         return CONFIGS[size]()
     except KeyError:
         raise ValueError(f"unknown DiT size {size!r}; expected one of {sorted(CONFIGS)}") from None
-

@@ -30,9 +30,7 @@ class LatentDecoder(nn.Module):
         self.config = config
         channels = config.block_out_channels
         self.conv_in = nn.Conv2d(config.latent_channels, channels[0], 3, padding=1)
-        self.up_convs = nn.ModuleList(
-            [nn.Conv2d(channels[i], channels[i + 1], 3, padding=1) for i in range(len(channels) - 1)]
-        )
+        self.up_convs = nn.ModuleList([nn.Conv2d(channels[i], channels[i + 1], 3, padding=1) for i in range(len(channels) - 1)])
         self.conv_out = nn.Conv2d(channels[-1], 3, 3, padding=1)
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:

@@ -87,9 +87,7 @@ class TimestepCaptionEmbedding(nn.Module):
             nn.Linear(config.text_feat_dim, config.hidden_size, bias=True),
         )
 
-    def forward(
-        self, timestep: torch.Tensor, text_states: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, timestep: torch.Tensor, text_states: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         temb = self.timestep_embedder(timestep_features(timestep, self.timestep_scale).to(dtype))
         return temb, self.caption_embedder(text_states)
 
@@ -102,9 +100,7 @@ class LuminaRMSNormZero(nn.Module):
         self.linear = nn.Linear(temb_dim, 4 * dim, bias=True)
         self.norm = RMSNorm(dim, eps=eps)
 
-    def forward(
-        self, x: torch.Tensor, temb: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         scale_msa, gate_msa, scale_mlp, gate_mlp = self.linear(F.silu(temb)).chunk(4, dim=1)
         return self.norm(x) * (1 + scale_msa[:, None]), gate_msa, scale_mlp, gate_mlp
 
@@ -158,10 +154,7 @@ class RotaryPosEmbed(nn.Module):
         self.patch_size = config.patch_size
 
     def tables(self, dtype: torch.dtype, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [
-            rope_axis_table(d, n, self.theta, dtype, device)
-            for d, n in zip(self.axes_dim, self.axes_lens)
-        ]
+        return [rope_axis_table(d, n, self.theta, dtype, device) for d, n in zip(self.axes_dim, self.axes_lens)]
 
     @staticmethod
     def position_ids(cap_lens: list[int], img_hw: tuple[int, int], device: torch.device) -> torch.Tensor:
@@ -215,9 +208,7 @@ class Attention(nn.Module):
         self.norm_k = RMSNorm(self.head_dim, eps=QK_NORM_EPS)
         self.to_out = nn.ModuleList([nn.Linear(heads * self.head_dim, dim, bias=False)])
 
-    def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         batch, seq, _ = x.shape
         dtype = x.dtype
         q = self.norm_q(self.to_q(x).view(batch, seq, self.heads, self.head_dim))
@@ -322,15 +313,9 @@ class Transformer2DModel(nn.Module):
         self.context_refiner = nn.ModuleList(
             [TransformerBlock(config, modulation=False) for _ in range(config.num_refiner_layers)]
         )
-        self.noise_refiner = nn.ModuleList(
-            [TransformerBlock(config, modulation=True) for _ in range(config.num_refiner_layers)]
-        )
-        self.layers = nn.ModuleList(
-            [TransformerBlock(config, modulation=True) for _ in range(config.num_layers)]
-        )
-        self.norm_out = LuminaLayerNormContinuous(
-            config.hidden_size, config.temb_dim, config.patch_size**2 * config.out_channels
-        )
+        self.noise_refiner = nn.ModuleList([TransformerBlock(config, modulation=True) for _ in range(config.num_refiner_layers)])
+        self.layers = nn.ModuleList([TransformerBlock(config, modulation=True) for _ in range(config.num_layers)])
+        self.norm_out = LuminaLayerNormContinuous(config.hidden_size, config.temb_dim, config.patch_size**2 * config.out_channels)
 
     def block_sites(self) -> list[tuple[str, nn.Module]]:
         """Every TransformerBlock with its parameter-name prefix, in execution order."""

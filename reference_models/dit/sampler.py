@@ -39,9 +39,7 @@ def initial_noise(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=generator, dtype=torch.float32)
 
 
-def text_condition(
-    text_dim: int, length: int, seed: int, batch: int = 1
-) -> tuple[torch.Tensor, torch.Tensor]:
+def text_condition(text_dim: int, length: int, seed: int, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Deterministic stand-in LLM text states `[batch, length, text_dim]` (fp32, CPU) and an
     all-true mask, for tests and suites."""
     generator = torch.Generator(device="cpu").manual_seed(seed)

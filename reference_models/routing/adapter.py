@@ -70,10 +70,18 @@ class ReferenceRouter:
         golden: bool = False,
     ) -> routing.RoutingResult:
         return routing.select_experts(
-            logits, k, scoring=scoring, renormalize=renormalize, num_expert_group=num_expert_group,
-            topk_group=topk_group, correction_bias=correction_bias,
-            routed_scaling_factor=routed_scaling_factor, num_shared_experts=num_shared_experts,
-            shared_weight_mode=shared_weight_mode, num_valid_rows=num_valid_rows, golden=golden,
+            logits,
+            k,
+            scoring=scoring,
+            renormalize=renormalize,
+            num_expert_group=num_expert_group,
+            topk_group=topk_group,
+            correction_bias=correction_bias,
+            routed_scaling_factor=routed_scaling_factor,
+            num_shared_experts=num_shared_experts,
+            shared_weight_mode=shared_weight_mode,
+            num_valid_rows=num_valid_rows,
+            golden=golden,
         )
 
     def routing_margins(
@@ -87,7 +95,11 @@ class ReferenceRouter:
         correction_bias: torch.Tensor | None = None,
     ) -> routing.RoutingMargins:
         return routing.routing_margins(
-            logits, k, scoring=scoring, num_expert_group=num_expert_group, topk_group=topk_group,
+            logits,
+            k,
+            scoring=scoring,
+            num_expert_group=num_expert_group,
+            topk_group=topk_group,
             correction_bias=correction_bias,
         )
 
@@ -104,8 +116,17 @@ class ReferenceRouter:
     def expert_load(self, ids: torch.Tensor, num_valid_rows: torch.Tensor | int | None, num_physical: int) -> torch.Tensor:
         return routing.expert_load(ids, num_valid_rows, num_physical)
 
-    def route_then_gather(self, local_hidden: torch.Tensor, local_logits: torch.Tensor, local_n_valid: torch.Tensor | int,
-                          k: int, *, capacity: int, group=None, **options) -> GatheredRoutes:
+    def route_then_gather(
+        self,
+        local_hidden: torch.Tensor,
+        local_logits: torch.Tensor,
+        local_n_valid: torch.Tensor | int,
+        k: int,
+        *,
+        capacity: int,
+        group=None,
+        **options,
+    ) -> GatheredRoutes:
         """Route this rank's rows (pad rows -1 / 0), then gather rows with their ids and weights."""
         count = routing.count_real_rows(local_n_valid, local_logits.shape[0])
         routed = routing.select_experts(local_logits, k, num_valid_rows=count, **options)
@@ -117,8 +138,17 @@ class ReferenceRouter:
             counts=_gather_padded(counts, 1, 0, group),
         )
 
-    def gather_then_route(self, local_hidden: torch.Tensor, local_logits: torch.Tensor, local_n_valid: torch.Tensor | int,
-                          k: int, *, capacity: int, group=None, **options) -> GatheredRoutes:
+    def gather_then_route(
+        self,
+        local_hidden: torch.Tensor,
+        local_logits: torch.Tensor,
+        local_n_valid: torch.Tensor | int,
+        k: int,
+        *,
+        capacity: int,
+        group=None,
+        **options,
+    ) -> GatheredRoutes:
         """Gather the raw rows and counts, route every gathered row, then clear each rank's pad rows."""
         count = routing.count_real_rows(local_n_valid, local_logits.shape[0])
         counts = _gather_padded(torch.tensor([count], dtype=torch.int64, device=local_logits.device), 1, 0, group)

@@ -36,7 +36,7 @@ class SwiGLUExperts:
         return self.gate_proj.shape[0]
 
     @classmethod
-    def coerce(cls, experts: object) -> "SwiGLUExperts":
+    def coerce(cls, experts: object) -> SwiGLUExperts:
         """Accept any object with `gate_proj`, `up_proj`, `down_proj` tensors (duck-typed container)."""
         if isinstance(experts, cls):
             return experts

@@ -68,9 +68,7 @@ class RoutingConfig:
         if self.num_shared_experts < 0:
             raise ValueError(f"reference router: num_shared_experts must be >= 0, got {self.num_shared_experts}")
         if not (self.routed_scaling_factor > 0 and math.isfinite(self.routed_scaling_factor)):
-            raise ValueError(
-                f"reference router: routed_scaling_factor must be finite and > 0, got {self.routed_scaling_factor}"
-            )
+            raise ValueError(f"reference router: routed_scaling_factor must be finite and > 0, got {self.routed_scaling_factor}")
         if (self.num_expert_group is None) != (self.topk_group is None):
             raise ValueError(
                 "reference router: num_expert_group and topk_group go together, got "
@@ -82,9 +80,7 @@ class RoutingConfig:
                     f"reference router: E={num_experts} must split into num_expert_group={self.num_expert_group} equal groups"
                 )
             if not 1 <= self.topk_group <= self.num_expert_group:
-                raise ValueError(
-                    f"reference router: topk_group must lie in [1, {self.num_expert_group}], got {self.topk_group}"
-                )
+                raise ValueError(f"reference router: topk_group must lie in [1, {self.num_expert_group}], got {self.topk_group}")
         if has_bias and self.scoring != "sigmoid":
             raise ValueError("reference router: correction_bias is defined for scoring='sigmoid' only (docs/routing.md §3)")
 
@@ -234,12 +230,20 @@ def select_experts(
         raise ValueError(f"reference router: logits must be a float [T, E] tensor, got {tuple(logits.shape)} {logits.dtype}")
     num_rows, num_experts = logits.shape
     config = RoutingConfig(
-        k, scoring, renormalize, num_expert_group, topk_group,
-        routed_scaling_factor, num_shared_experts, shared_weight_mode,
+        k,
+        scoring,
+        renormalize,
+        num_expert_group,
+        topk_group,
+        routed_scaling_factor,
+        num_shared_experts,
+        shared_weight_mode,
     )
     config.validate(num_experts, correction_bias is not None)
     if correction_bias is not None and tuple(correction_bias.shape) != (num_experts,):
-        raise ValueError(f"reference router: correction_bias must have shape ({num_experts},), got {tuple(correction_bias.shape)}")
+        raise ValueError(
+            f"reference router: correction_bias must have shape ({num_experts},), got {tuple(correction_bias.shape)}"
+        )
 
     weight_dtype = np.float64 if golden else np.float32
     x32 = logits.to(torch.float32)
@@ -304,7 +308,9 @@ class RoutingMargins(NamedTuple):
     group_margin_ulps_fp32: torch.Tensor
 
 
-def _boundary(values: list[float], order: list[int], n: int, input_dtype: torch.dtype) -> tuple[float, float, float, float, float]:
+def _boundary(
+    values: list[float], order: list[int], n: int, input_dtype: torch.dtype
+) -> tuple[float, float, float, float, float]:
     """(n-th value, (n+1)-th value, margin, margin in fp32 ULPs, margin in input-dtype ULPs)."""
     if len(order) < n:
         return math.nan, -math.inf, math.inf, math.inf, math.inf

@@ -50,9 +50,9 @@ from torch import nn
 
 from serving_models.ar import runner as ar_runner
 from serving_models.ar import weights as ar_weights
-from serving_models.common import capture
 from serving_models.ar.config import MammothModa2ARConfig
 from serving_models.ar.model import AR_WRAPPERS, MammothModa2ForConditionalGeneration, StaticKVCache
+from serving_models.common import capture
 
 
 @dataclass(frozen=True)

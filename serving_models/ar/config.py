@@ -74,9 +74,7 @@ class MammothModa2ARConfig:
                 f"{self.num_attention_heads}, num_key_value_heads {self.num_key_value_heads}"
             )
         if self.extra_gen_vocab and self.vocab_size != self.gen_vocab_start_index:
-            raise ValueError(
-                f"vocab_size {self.vocab_size} must equal gen_vocab_start_index {self.gen_vocab_start_index}"
-            )
+            raise ValueError(f"vocab_size {self.vocab_size} must equal gen_vocab_start_index {self.gen_vocab_start_index}")
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (SwiGLU experts need 'silu')")
         if self.tie_word_embeddings:

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from serving_models.ar import config as ar_config
-from serving_models.common import capture
 from serving_models.ar.config import QWEN2_MODEL_TYPE, QWEN3_MODEL_TYPE, MammothModa2ARConfig
+from serving_models.common import capture
 
 
 def upcast_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -333,9 +333,7 @@ class MammothModa2DecoderLayer(nn.Module):
         self.moe_enable = ar_config.moe_enable(config.moe_type, "ffn", layer_idx)
         self.gen_mlp = SwiGLUMLP(config) if self.moe_enable else None
 
-    def forward(
-        self, hidden_states: torch.Tensor, attn: AttentionInputs, gen_token_mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, attn: AttentionInputs, gen_token_mask: torch.Tensor | None) -> torch.Tensor:
         hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), attn)
         x = self.post_attention_layernorm(hidden_states)
         mask = gen_token_mask if self.moe_enable else None
@@ -375,9 +373,7 @@ class MammothModa2Model(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.base_vocab_size, config.hidden_size)
-        self.gen_embed_tokens = (
-            nn.Embedding(config.gen_vocab_size, config.hidden_size) if config.extra_gen_vocab else None
-        )
+        self.gen_embed_tokens = nn.Embedding(config.gen_vocab_size, config.hidden_size) if config.extra_gen_vocab else None
         self.layers = nn.ModuleList(decoder_layer_type(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
@@ -402,9 +398,7 @@ class MammothModa2Qwen2ForCausalLM(nn.Module):
             raise ValueError(f"layer range [{start_layer}, {end_layer}) is not inside [0, {config.num_hidden_layers})")
         self.model = MammothModa2Model(config, self.decoder_layer_type)
         self.lm_head = nn.Linear(config.hidden_size, config.base_vocab_size, bias=False)
-        self.gen_head = (
-            nn.Linear(config.hidden_size, config.gen_vocab_size, bias=False) if config.extra_gen_vocab else None
-        )
+        self.gen_head = nn.Linear(config.hidden_size, config.gen_vocab_size, bias=False) if config.extra_gen_vocab else None
         hidden_size = config.hidden_size
 
         def make_empty_intermediate_tensors(

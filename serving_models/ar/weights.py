@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from serving_models.common import safetensors_io
 from serving_models.ar.config import MammothModa2ARConfig
 from serving_models.ar.model import MammothModa2ForConditionalGeneration, MergedColumnLinear
+from serving_models.common import safetensors_io
 
 TOP_LEVEL_PREFIX = "ar.language_model."
 
@@ -89,14 +89,12 @@ def load_weights(
     source: str,
 ) -> None:
     """Adopt checkpoint tensors into `module` (built on meta), fusing as the map says."""
-    tensors = {name: t for name, t in checkpoint}
+    tensors = dict(checkpoint)
     expected = expected_checkpoint_shapes(module)
     missing = [n for n in expected if n not in tensors]
     unexpected = [n for n in tensors if n not in expected]
     wrong = [
-        (n, shape, tuple(tensors[n].shape))
-        for n, shape in expected.items()
-        if n in tensors and tuple(tensors[n].shape) != shape
+        (n, shape, tuple(tensors[n].shape)) for n, shape in expected.items() if n in tensors and tuple(tensors[n].shape) != shape
     ]
     if missing or unexpected or wrong:
         raise safetensors_io.WeightMismatchError(source, missing, unexpected, wrong)

@@ -61,15 +61,12 @@ def iterate_weights(directory: str | Path, device: torch.device | str = "cpu") -
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 if weight_map and weight_map.get(name) != filename:
                     raise ValueError(
-                        f"{directory / INDEX_FILE}: tensor {name} is in {filename} but the index says "
-                        f"{weight_map.get(name)}"
+                        f"{directory / INDEX_FILE}: tensor {name} is in {filename} but the index says {weight_map.get(name)}"
                     )
                 yield name, f.get_tensor(name)
 
 
-def write_weights(
-    directory: str | Path, tensors: Mapping[str, torch.Tensor], *, max_shard_bytes: int | None = None
-) -> Path:
+def write_weights(directory: str | Path, tensors: Mapping[str, torch.Tensor], *, max_shard_bytes: int | None = None) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}

@@ -28,9 +28,9 @@ from torch import nn
 
 from .config import DiTConfig
 from .decoder import LatentDecoder
-from .weights import build_modules, read_checkpoint
 from .model import Transformer2DModel
 from .sampler import cfg_active, flow_match_timesteps, initial_noise, text_condition
+from .weights import build_modules, read_checkpoint
 
 
 class ServingDiT:

@@ -89,9 +89,7 @@ class TimestepCaptionEmbedding(nn.Module):
         angles = self.timestep_scale * (t.to(dtype)[:, None] * freqs[None, :])
         return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
 
-    def forward(
-        self, timestep: torch.Tensor, text_states: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, timestep: torch.Tensor, text_states: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         temb = self.timestep_embedder(self.time_features(timestep).to(dtype))
         return temb, self.caption_embedder(text_states)
 
@@ -102,9 +100,7 @@ class LuminaRMSNormZero(nn.Module):
         self.linear = nn.Linear(temb_dim, 4 * dim, bias=True)
         self.norm = RMSNorm(dim, eps=eps)
 
-    def forward(
-        self, x: torch.Tensor, temb: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         scale_msa, gate_msa, scale_mlp, gate_mlp = self.linear(F.silu(temb)).chunk(4, dim=1)
         return self.norm(x) * (1 + scale_msa[:, None]), gate_msa, scale_mlp, gate_mlp
 
@@ -188,9 +184,7 @@ class Attention(nn.Module):
         self.norm_k = RMSNorm(self.head_dim, eps=QK_NORM_EPS)
         self.to_out = nn.ModuleList([nn.Linear(heads * self.head_dim, dim, bias=False)])
 
-    def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         dtype = x.dtype
         q = self.norm_q(self.to_q(x).unflatten(-1, (self.heads, self.head_dim)))
         k = self.norm_k(self.to_k(x).unflatten(-1, (self.kv_heads, self.head_dim)))
@@ -297,15 +291,9 @@ class Transformer2DModel(nn.Module):
         self.context_refiner = nn.ModuleList(
             [TransformerBlock(config, modulation=False) for _ in range(config.num_refiner_layers)]
         )
-        self.noise_refiner = nn.ModuleList(
-            [TransformerBlock(config, modulation=True) for _ in range(config.num_refiner_layers)]
-        )
-        self.layers = nn.ModuleList(
-            [TransformerBlock(config, modulation=True) for _ in range(config.num_layers)]
-        )
-        self.norm_out = LuminaLayerNormContinuous(
-            config.hidden_size, config.temb_dim, config.patch_size**2 * config.out_channels
-        )
+        self.noise_refiner = nn.ModuleList([TransformerBlock(config, modulation=True) for _ in range(config.num_refiner_layers)])
+        self.layers = nn.ModuleList([TransformerBlock(config, modulation=True) for _ in range(config.num_layers)])
+        self.norm_out = LuminaLayerNormContinuous(config.hidden_size, config.temb_dim, config.patch_size**2 * config.out_channels)
 
     def block_sites(self) -> list[tuple[str, nn.Module]]:
         sites = []
@@ -318,9 +306,7 @@ class Transformer2DModel(nn.Module):
         with text length L as the bound for cap_len."""
         lens = self.config.axes_lens
         if text_len >= lens[0] or text_len > lens[1] or text_len > lens[2] or grid_h > lens[1] or grid_w > lens[2]:
-            raise ValueError(
-                f"text length {text_len} and token grid {grid_h}x{grid_w} exceed axes_lens {tuple(lens)}"
-            )
+            raise ValueError(f"text length {text_len} and token grid {grid_h}x{grid_w} exceed axes_lens {tuple(lens)}")
 
     def _apply_refiners(
         self,

@@ -74,10 +74,17 @@ class ServingRouter:
         num_valid_rows: torch.Tensor | None = None,
     ) -> routing.RoutingResult:
         return routing.select_experts(
-            logits, k, scoring=scoring, renormalize=renormalize, num_expert_group=num_expert_group,
-            topk_group=topk_group, correction_bias=correction_bias,
-            routed_scaling_factor=routed_scaling_factor, num_shared_experts=num_shared_experts,
-            shared_weight_mode=shared_weight_mode, num_valid_rows=num_valid_rows,
+            logits,
+            k,
+            scoring=scoring,
+            renormalize=renormalize,
+            num_expert_group=num_expert_group,
+            topk_group=topk_group,
+            correction_bias=correction_bias,
+            routed_scaling_factor=routed_scaling_factor,
+            num_shared_experts=num_shared_experts,
+            shared_weight_mode=shared_weight_mode,
+            num_valid_rows=num_valid_rows,
         )
 
     def make_experts(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor) -> moe_experts.SwiGLUExperts:
@@ -93,14 +100,32 @@ class ServingRouter:
     def expert_load(self, ids: torch.Tensor, num_valid_rows: torch.Tensor | None, num_physical: int) -> torch.Tensor:
         return routing.expert_load(ids, num_valid_rows, num_physical)
 
-    def route_then_gather(self, local_hidden: torch.Tensor, local_logits: torch.Tensor, local_n_valid: torch.Tensor,
-                          k: int, *, capacity: int, group=None, **options) -> routing_distributed.GatheredRoutes:
+    def route_then_gather(
+        self,
+        local_hidden: torch.Tensor,
+        local_logits: torch.Tensor,
+        local_n_valid: torch.Tensor,
+        k: int,
+        *,
+        capacity: int,
+        group=None,
+        **options,
+    ) -> routing_distributed.GatheredRoutes:
         return routing_distributed.route_then_gather(
             local_hidden, local_logits, local_n_valid, k, capacity=capacity, group=group, **options
         )
 
-    def gather_then_route(self, local_hidden: torch.Tensor, local_logits: torch.Tensor, local_n_valid: torch.Tensor,
-                          k: int, *, capacity: int, group=None, **options) -> routing_distributed.GatheredRoutes:
+    def gather_then_route(
+        self,
+        local_hidden: torch.Tensor,
+        local_logits: torch.Tensor,
+        local_n_valid: torch.Tensor,
+        k: int,
+        *,
+        capacity: int,
+        group=None,
+        **options,
+    ) -> routing_distributed.GatheredRoutes:
         return routing_distributed.gather_then_route(
             local_hidden, local_logits, local_n_valid, k, capacity=capacity, group=group, **options
         )

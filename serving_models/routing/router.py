@@ -21,9 +21,8 @@ exactly one of them: `valid_row_count` (reads the count, on the device), `mask_p
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -57,9 +56,7 @@ def valid_row_count(num_valid_rows: torch.Tensor, num_rows: int) -> torch.Tensor
     return num_valid_rows.reshape(-1)[:1].to(torch.int64).clamp(0, num_rows)
 
 
-def mask_pad_rows(
-    weights: torch.Tensor, ids: torch.Tensor, row_is_real: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_pad_rows(weights: torch.Tensor, ids: torch.Tensor, row_is_real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Pad rows (`row_is_real[r]` False) get id -1 and weight 0 in every column (R6)."""
     real = row_is_real.reshape(-1, 1)
     return (
@@ -102,9 +99,7 @@ def sigmoid_fp32(x: torch.Tensor) -> torch.Tensor:
     return 1.0 / (1.0 + torch.exp(-x))
 
 
-def rank_candidates(
-    keys: torch.Tensor, num_candidates: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rank_candidates(keys: torch.Tensor, num_candidates: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-k of `keys` per row in R3 order; slots at or past the row's candidate count are -1.
 
     Returns `(ids int32 [T, k], slot_is_valid bool [T, k], index int64 [T, k])`; `index` is a safe
@@ -151,9 +146,7 @@ def _fp32_scalar(value: float) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def _group_keep_mask(
-    keys: torch.Tensor, num_expert_group: int, topk_group: int, sum_top2: bool
-) -> torch.Tensor:
+def _group_keep_mask(keys: torch.Tensor, num_expert_group: int, topk_group: int, sum_top2: bool) -> torch.Tensor:
     """bool [T, E]: experts inside each row's `topk_group` best groups (docs/routing.md §3 steps 2-3)."""
     rows, num_experts = keys.shape
     grouped = keys.reshape(rows, num_expert_group, num_experts // num_expert_group)
@@ -174,9 +167,7 @@ def _group_keep_mask(
     return keep.unsqueeze(-1).expand(rows, num_expert_group, num_experts // num_expert_group).reshape(rows, num_experts)
 
 
-def _route_softmax(
-    x: torch.Tensor, k: int, renormalize: bool, keep: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _route_softmax(x: torch.Tensor, k: int, renormalize: bool, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """docs/routing.md §2: key = fp32 logit; p = exp(x - max); renormalize over the selected or the full row."""
     is_candidate = torch.isfinite(x)
     neg_inf = torch.full_like(x, float("-inf"))
@@ -215,9 +206,7 @@ def _route_sigmoid(
         keys = torch.where(keep, keys, torch.full_like(keys, float("-inf")))  # never 0.0 (docs/routing.md §3 step 3)
     ids, slot_is_valid, index = rank_candidates(keys, is_candidate.sum(dim=-1), k)
 
-    picked = torch.where(
-        slot_is_valid, torch.gather(scores, 1, index), torch.zeros_like(index, dtype=scores.dtype)
-    )
+    picked = torch.where(slot_is_valid, torch.gather(scores, 1, index), torch.zeros_like(index, dtype=scores.dtype))
     if renormalize:
         picked = picked / (slot_order_sum(picked) + RENORM_EPS).unsqueeze(-1)
     return torch.where(slot_is_valid, picked, torch.zeros_like(picked)), ids
@@ -263,7 +252,9 @@ def _check_config(
         if scoring != "sigmoid":
             raise ValueError("select_experts: correction_bias is defined for scoring='sigmoid' only (docs/routing.md §3)")
         if tuple(correction_bias.shape) != (num_experts,):
-            raise ValueError(f"select_experts: correction_bias must have shape ({num_experts},), got {tuple(correction_bias.shape)}")
+            raise ValueError(
+                f"select_experts: correction_bias must have shape ({num_experts},), got {tuple(correction_bias.shape)}"
+            )
         if correction_bias.device != logits.device:
             raise ValueError(f"select_experts: correction_bias is on {correction_bias.device}, logits on {logits.device}")
     if num_valid_rows is not None:
@@ -298,9 +289,7 @@ def append_shared_experts(
     shared_ids = first_shared_id + torch.arange(num_shared_experts, device=device, dtype=torch.int32)
     shared_ids = shared_ids.unsqueeze(0).expand(rows, num_shared_experts)
     shared_weights = torch.full((rows, num_shared_experts), _fp32_scalar(shared_weight), dtype=torch.float32, device=device)
-    return RoutingResult(
-        torch.cat([result.weights, shared_weights], dim=1), torch.cat([result.ids, shared_ids], dim=1)
-    )
+    return RoutingResult(torch.cat([result.weights, shared_weights], dim=1), torch.cat([result.ids, shared_ids], dim=1))
 
 
 def row_is_real(num_valid_rows: torch.Tensor | None, num_rows: int, device: torch.device) -> torch.Tensor | None:
@@ -333,8 +322,16 @@ def select_experts(
     `num_valid_rows`: int device tensor, first element = real rows; None = every row is real.
     """
     _check_config(
-        logits, k, scoring, num_expert_group, topk_group, correction_bias,
-        routed_scaling_factor, num_shared_experts, shared_weight_mode, num_valid_rows,
+        logits,
+        k,
+        scoring,
+        num_expert_group,
+        topk_group,
+        correction_bias,
+        routed_scaling_factor,
+        num_shared_experts,
+        shared_weight_mode,
+        num_valid_rows,
     )
     rows, num_experts = logits.shape
     x = logits.to(torch.float32)

@@ -23,7 +23,18 @@ from typing import Any
 
 import torch
 
-from parity.compare import EXACTLY, FAIL, PASS, TIE_FLIP, TensorDiff, Verdict, classify_decision, count_rule, diff, noise_floor_rule
+from parity.compare import (
+    EXACTLY,
+    FAIL,
+    PASS,
+    TIE_FLIP,
+    TensorDiff,
+    Verdict,
+    classify_decision,
+    count_rule,
+    diff,
+    noise_floor_rule,
+)
 from parity.runners import make_runner
 from parity.suites.ar.support import CASES, TOL, ARModels, DecodeSettings
 
@@ -92,7 +103,9 @@ def first_divergence(want: torch.Tensor, got: torch.Tensor) -> int | None:
     return int(differs.nonzero()[0]) if bool(differs.any()) else None
 
 
-def tie_verdict(dtype: torch.dtype, want_logits: torch.Tensor, want: torch.Tensor, got: torch.Tensor, step: int) -> tuple[str, str]:
+def tie_verdict(
+    dtype: torch.dtype, want_logits: torch.Tensor, want: torch.Tensor, got: torch.Tensor, step: int
+) -> tuple[str, str]:
     """Classify the first differing step by the reference's top-1 vs top-2 margin at that step."""
     details, verdicts = [], []
     for row in range(want.shape[0]):
@@ -111,7 +124,9 @@ def tie_verdict(dtype: torch.dtype, want_logits: torch.Tensor, want: torch.Tenso
     return worst, "; ".join(details) + f" [{SETTINGS.reason}]"
 
 
-def judge_free_running(models: ARModels, reference: ReferenceDecode, tokens: torch.Tensor, step_logits: torch.Tensor) -> FreeRunning:
+def judge_free_running(
+    models: ARModels, reference: ReferenceDecode, tokens: torch.Tensor, step_logits: torch.Tensor
+) -> FreeRunning:
     """Tokens against the reference's; step logits up to the first differing token."""
     steps, batch = reference.steps, reference.tokens.shape[0]
     diverged = first_divergence(reference.tokens, tokens)
@@ -140,7 +155,9 @@ def judge_free_running(models: ARModels, reference: ReferenceDecode, tokens: tor
 
 
 @torch.no_grad()
-def teacher_forced_step_logits(target: Any, prompt: torch.Tensor, tokens: torch.Tensor, step_fn: StepFn | None = None) -> torch.Tensor:
+def teacher_forced_step_logits(
+    target: Any, prompt: torch.Tensor, tokens: torch.Tensor, step_fn: StepFn | None = None
+) -> torch.Tensor:
     """The target's step logits when fed `tokens` (the reference's) instead of its own argmax.
 
     Through the adapter contract only: `prefill(prompt)` gives step 0, then step `i` is
@@ -192,7 +209,9 @@ def _worst_step(want: torch.Tensor, have: torch.Tensor, first: int) -> tuple[int
     return first + worst, float(per_step[worst])
 
 
-def judge_teacher_forced(models: ARModels, reference: ReferenceDecode, step_logits: torch.Tensor, bucket_steps: int | None = None) -> TeacherForced:
+def judge_teacher_forced(
+    models: ARModels, reference: ReferenceDecode, step_logits: torch.Tensor, bucket_steps: int | None = None
+) -> TeacherForced:
     """Judge the target's teacher-forced step logits against the reference's, bucket by bucket."""
     bucket_steps = bucket_steps or SETTINGS.bucket_steps
     steps = reference.steps
@@ -232,6 +251,12 @@ def write_teacher_forced(report: Any, result: TeacherForced, *, case: str, mode:
             continue
         report.verdict(bucket.verdict, **where)
         for metric in ("max_abs", "max_ulp"):
-            report.info(metric=metric, value=getattr(bucket.measured, metric), verdict=bucket.verdict.verdict,
-                        detail=bucket.measured.name, better="lower", **where)
+            report.info(
+                metric=metric,
+                value=getattr(bucket.measured, metric),
+                verdict=bucket.verdict.verdict,
+                detail=bucket.measured.name,
+                better="lower",
+                **where,
+            )
     report.verdict(result.compared, case=case, mode=mode, site="teacher_forced", better="equal")

@@ -177,7 +177,9 @@ def _moe_shifted() -> None:
     tests=("parity/suites/ar/test_weight_coverage.py", "-k", "target"),
 )
 def _gen_never_called() -> None:
-    _patch(AR, "moe_dispatch", lambda hidden_states, und_expert, gen_expert, gen_token_mask, layer_name: und_expert(hidden_states))
+    _patch(
+        AR, "moe_dispatch", lambda hidden_states, und_expert, gen_expert, gen_token_mask, layer_name: und_expert(hidden_states)
+    )
 
 
 @mutant(

@@ -24,8 +24,6 @@ from collections.abc import Iterator
 import pytest
 
 from parity.compare import flag_rule
-from parity.suites.ar.support import CASES, ARModels, DecodeCase, ids_of
-from parity.suites.conftest import require_graph_support
 from parity.suites.ar.decode import (
     ReferenceDecode,
     graph_step,
@@ -35,6 +33,8 @@ from parity.suites.ar.decode import (
     teacher_forced_step_logits,
     write_teacher_forced,
 )
+from parity.suites.ar.support import CASES, ARModels, DecodeCase, ids_of
+from parity.suites.conftest import require_graph_support
 
 pytestmark = pytest.mark.suite("decode")
 
@@ -96,9 +96,16 @@ def test_greedy_decode_matches_reference(case, mode: str, ar_models, report, dev
     crossing = gen_tokens > 0 and und_tokens > 0
     detail = f"the reference generated {und_tokens} und and {gen_tokens} gen tokens"
     if case.require_crossing:
-        report.verdict(flag_rule(crossing, metric="crosses_into_gen_tokens",
-                                 detail=detail + " (the case must cross, or it does not test decode routing)"),
-                       case=case.name, mode=mode, better="equal")
+        report.verdict(
+            flag_rule(
+                crossing,
+                metric="crosses_into_gen_tokens",
+                detail=detail + " (the case must cross, or it does not test decode routing)",
+            ),
+            case=case.name,
+            mode=mode,
+            better="equal",
+        )
     else:
         report.info(case=case.name, mode=mode, metric="gen_tokens_generated", value=gen_tokens, detail=detail)
 

@@ -66,9 +66,16 @@ def test_both_lookups_receive_only_in_range_indices(mode: str, ar_models, report
                 elif not 0 <= int(flat[0, position]) < size:
                     bad.append(int(flat[0, position]))
             report.verdict(
-                count_rule(len(bad), 0, metric="out_of_range_indices", at=AT_MOST,
-                           detail=f"{name} table of {size} rows received {bad or 'only in-range indices'} for id {int(ids[0, position])}"),
-                case=case.name, mode=mode, site=f"{name}_embedding",
+                count_rule(
+                    len(bad),
+                    0,
+                    metric="out_of_range_indices",
+                    at=AT_MOST,
+                    detail=f"{name} table of {size} rows received {bad or 'only in-range indices'} for id {int(ids[0, position])}",
+                ),
+                case=case.name,
+                mode=mode,
+                site=f"{name}_embedding",
             )
 
 
@@ -82,16 +89,21 @@ def test_each_id_embeds_as_documented(case: ClampCase, ar_models, report) -> Non
     token = resolve_token(case.token, models.config, models.size)
     ids = torch.tensor([[token]], device=models.device)
     if 0 <= token < models.start + models.config.gen_vocab_size:
-        report.diff(diff(models.reference.embed(ids), models.target.embed(ids), TOL["embedding_exact"], name=f"id {token}"),
-                    case=case.name)
+        report.diff(
+            diff(models.reference.embed(ids), models.target.embed(ids), TOL["embedding_exact"], name=f"id {token}"),
+            case=case.name,
+        )
         return
     if not getattr(models.target, "supports_capture", True):
         pytest.skip(f"{models.target.name} target indexes upstream-style: id {token} outside both tables raises there by design")
     base, gen = models.reference.embedding_modules()
     rows = {"base:0": base.weight[0], "base:last": base.weight[-1], "gen:0": gen.weight[0], "gen:last": gen.weight[-1]}
     got = models.target.embed(ids)[0, 0]
-    report.diff(diff(rows[case.expect], got, TOL["embedding_exact"], name=f"id {token} -> {case.expect}"),
-                case=case.name, site=case.expect)
+    report.diff(
+        diff(rows[case.expect], got, TOL["embedding_exact"], name=f"id {token} -> {case.expect}"),
+        case=case.name,
+        site=case.expect,
+    )
 
 
 @pytest.mark.keep_compile_cache

@@ -16,7 +16,6 @@ import torch
 
 from parity.compare import AT_MOST, count_rule, diff, equality_rule, flag_rule
 from parity.runners import make_runner
-from reference_models.checkpoints import random_state_dict
 from parity.suites.ar.support import (
     CASES,
     PROMPTS,
@@ -29,6 +28,7 @@ from parity.suites.ar.support import (
     skip_full_size_compile,
 )
 from parity.suites.conftest import require_graph_support
+from reference_models.checkpoints import random_state_dict
 
 pytestmark = [pytest.mark.suite("expert_selection"), pytest.mark.keep_compile_cache]
 
@@ -46,11 +46,22 @@ def _record_routing(report, models, mode: str, case: str, ids: torch.Tensor, tap
         bad = routing_mismatches(use, ids, models.start)
         margin = float((use.distance_und - use.distance_gen).abs().min())
         detail = "; ".join(bad[:12]) + (f"; ... {len(bad) - 12} more" if len(bad) > 12 else "")
-        verdict = count_rule(len(bad), 0, metric="mismatched_tokens", at=AT_MOST,
-                             detail=detail or f"{ids.numel()} tokens routed as the reference routes them")
+        verdict = count_rule(
+            len(bad),
+            0,
+            metric="mismatched_tokens",
+            at=AT_MOST,
+            detail=detail or f"{ids.numel()} tokens routed as the reference routes them",
+        )
         report.verdict(verdict, case=case, mode=mode, site=f"layer.{use.layer}")
-        report.info(case=case, mode=mode, site=f"layer.{use.layer}", metric="observation_margin", value=margin,
-                    detail="min over tokens of |d(und) - d(gen)|: how clearly the output names its expert")
+        report.info(
+            case=case,
+            mode=mode,
+            site=f"layer.{use.layer}",
+            metric="observation_margin",
+            value=margin,
+            detail="min over tokens of |d(und) - d(gen)|: how clearly the output names its expert",
+        )
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))
@@ -99,13 +110,27 @@ def test_dummy_capture_runs_both_experts(mode: str, ar_models, report, device) -
             gen_calls = len(result.taps[f"gen.{site.layer}"])
             und_calls = len(result.taps[f"und.{site.layer}"])
             if run_mode == "eager":
-                verdict = count_rule(gen_calls, 0, metric="gen_expert_calls", at=AT_MOST,
-                                     detail=f"eager, all-und ids: fast path runs und only (und calls {und_calls})")
+                verdict = count_rule(
+                    gen_calls,
+                    0,
+                    metric="gen_expert_calls",
+                    at=AT_MOST,
+                    detail=f"eager, all-und ids: fast path runs und only (und calls {und_calls})",
+                )
             else:  # both experts in the graph: the row shows the gen expert's calls
-                verdict = flag_rule(gen_calls >= 1 and und_calls >= 1, metric="gen_expert_calls", value=gen_calls,
-                                    detail=f"captured on all-zero ids: the graph holds both experts (und calls {und_calls})")
-            report.verdict(verdict, case="dummy-capture-all-und-ids", mode=run_mode, site=f"layer.{site.layer}",
-                           better="equal" if run_mode == "eager" else "higher")
+                verdict = flag_rule(
+                    gen_calls >= 1 and und_calls >= 1,
+                    metric="gen_expert_calls",
+                    value=gen_calls,
+                    detail=f"captured on all-zero ids: the graph holds both experts (und calls {und_calls})",
+                )
+            report.verdict(
+                verdict,
+                case="dummy-capture-all-und-ids",
+                mode=run_mode,
+                site=f"layer.{site.layer}",
+                better="equal" if run_mode == "eager" else "higher",
+            )
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))
@@ -139,9 +164,14 @@ def test_moe_type_layer_range(case, ar_models, report, target) -> None:
     variant = target.build_ar(config, state, models.device, models.dtype)
     layers = sorted(site.layer for site in variant.moe_sites())
     report.verdict(
-        equality_rule(layers, case.expected_layers, metric="moe_layers_match",
-                      detail=f"moe_type {case.moe_type!r}: the layers the target built gen experts on"),
-        case=case.name, better="equal",
+        equality_rule(
+            layers,
+            case.expected_layers,
+            metric="moe_layers_match",
+            detail=f"moe_type {case.moe_type!r}: the layers the target built gen experts on",
+        ),
+        case=case.name,
+        better="equal",
     )
     ids = models.ids(PROMPTS[2].rows)  # mixed
     with make_runner("eager", device=models.device).prepare(variant.forward, (ids,), taps=moe_taps(variant)) as run:

@@ -78,7 +78,9 @@ def test_capture_without_mask_fails_closed(mode: str, ar_models, report, setting
     from parity.runners.capture_isolated import capture_in_subprocess
 
     _child_env(monkeypatch, settings, "cuda")
-    outcome = capture_in_subprocess("parity.suites.ar.fail_closed_cases:capture_without_mask", mode="cuda_graph", device="cuda", cwd=PROJECT_ROOT)
+    outcome = capture_in_subprocess(
+        "parity.suites.ar.fail_closed_cases:capture_without_mask", mode="cuda_graph", device="cuda", cwd=PROJECT_ROOT
+    )
     message = outcome.message or "the capture succeeded: und expert baked for every token"
     refused = not outcome.captured and outcome.cause_type == "RuntimeError"
     _record_refusal(report, mode, refused, message, f"{outcome.error_type}/{outcome.cause_type} (fresh process)")
@@ -88,15 +90,25 @@ def test_eager_without_mask_still_runs(ar_models, report) -> None:
     """Embeddings without ids in eager: no error, finite logits, und expert everywhere (upstream)."""
     models = ar_models
     ids = models.ids(PROMPTS[2].rows)  # mixed
-    with make_runner("eager", device=models.device).prepare(lambda e: models.target.forward(None, e), (ids,), taps=moe_taps(models.target)) as run:
+    with make_runner("eager", device=models.device).prepare(
+        lambda e: models.target.forward(None, e), (ids,), taps=moe_taps(models.target)
+    ) as run:
         result = run(models.target.embed(ids))
     finite = bool(torch.isfinite(result.output.logits).all())
-    report.verdict(flag_rule(finite, metric="finite_logits", detail="eager forward on embeddings alone"),
-                   case="eager-without-mask", better="equal")
+    report.verdict(
+        flag_rule(finite, metric="finite_logits", detail="eager forward on embeddings alone"),
+        case="eager-without-mask",
+        better="equal",
+    )
     for use in observe_expert_use(models.target, result.taps, TOL["expert_observation"]):
         on_gen = int(use.used_gen.sum())
-        report.info(case="eager-without-mask", site=f"layer.{use.layer}", metric="tokens_on_gen_expert", value=on_gen,
-                    detail="mask None: the upstream hazard routes every token to the und expert")
+        report.info(
+            case="eager-without-mask",
+            site=f"layer.{use.layer}",
+            metric="tokens_on_gen_expert",
+            value=on_gen,
+            detail="mask None: the upstream hazard routes every token to the und expert",
+        )
 
 
 def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, monkeypatch) -> None:
@@ -109,8 +121,13 @@ def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, m
         raise RuntimeError(f"probe-warning child exited {done.returncode} without a count: {done.stderr[-2000:]}")
     count = int(lines[-1].split()[1])
     report.verdict(
-        count_rule(count, 1, metric="missing_probe_warnings", at=EXACTLY,
-                   detail="25 forwards on a backend whose probe was removed, fresh process"),
+        count_rule(
+            count,
+            1,
+            metric="missing_probe_warnings",
+            at=EXACTLY,
+            detail="25 forwards on a backend whose probe was removed, fresh process",
+        ),
         case="missing-probe-warn-once",
         better="equal",
     )
@@ -124,19 +141,30 @@ def test_requires_raw_input_tokens(ar_models, report) -> None:
     holders = [type(models.target.module), *getattr(models.target, "ar_wrapper_classes", lambda: [])()]
     for holder in holders:
         value = getattr(holder, "requires_raw_input_tokens", False) is True
-        report.verdict(flag_rule(value, metric="requires_raw_input_tokens", detail=holder.__qualname__),
-                       case=f"attribute-{holder.__name__}", better="equal")
+        report.verdict(
+            flag_rule(value, metric="requires_raw_input_tokens", detail=holder.__qualname__),
+            case=f"attribute-{holder.__name__}",
+            better="equal",
+        )
     ids = models.ids(PROMPTS[2].rows)  # mixed: gen tokens present
     embeds = models.target.embed(ids)
     entry = models.target.forward_multimodal(embeds, ids).logits
     with_ids = models.target.forward(ids).logits
     without_ids = models.target.forward(None, embeds).logits
-    report.diff(diff(with_ids, entry, TOL["serving_vs_reference_fp32"], name="multimodal entry vs ids forward"),
-                case="entry-passes-input-ids", site="logits")
+    report.diff(
+        diff(with_ids, entry, TOL["serving_vs_reference_fp32"], name="multimodal entry vs ids forward"),
+        case="entry-passes-input-ids",
+        site="logits",
+    )
     apart = float((entry - without_ids).abs().max())
     report.verdict(
-        threshold_rule(apart, 1e-3, metric="distance_from_ids_dropped", at=AT_LEAST,
-                       detail="the entry's logits must differ from an embeddings-only forward when the prompt holds gen tokens"),
+        threshold_rule(
+            apart,
+            1e-3,
+            metric="distance_from_ids_dropped",
+            at=AT_LEAST,
+            detail="the entry's logits must differ from an embeddings-only forward when the prompt holds gen tokens",
+        ),
         case="entry-passes-input-ids",
         better="higher",
     )
@@ -148,12 +176,18 @@ def test_pipeline_factory_seeds_gen_token_mask(ar_models, report) -> None:
     require_graph_support(models.target, "cpu_graph")
     factory = getattr(models.target.module, "make_empty_intermediate_tensors", None)
     if factory is None:
-        report.verdict(flag_rule(False, metric="factory_installed", detail="the module has no make_empty_intermediate_tensors"),
-                       case="pp-empty-intermediate-tensors", better="equal")
+        report.verdict(
+            flag_rule(False, metric="factory_installed", detail="the module has no make_empty_intermediate_tensors"),
+            case="pp-empty-intermediate-tensors",
+            better="equal",
+        )
         return
     tensors = factory(3, models.dtype, models.device)
     mask = tensors.get("gen_token_mask") if hasattr(tensors, "get") else None
     ok = mask is not None and mask.dtype == torch.bool and mask.shape[0] == 3 and not bool(mask.any())
     detail = "missing" if mask is None else f"{mask.dtype} {tuple(mask.shape)}"
-    report.verdict(flag_rule(ok, metric="gen_token_mask_seeded", detail=f"gen_token_mask: {detail}"),
-                   case="pp-empty-intermediate-tensors", better="equal")
+    report.verdict(
+        flag_rule(ok, metric="gen_token_mask_seeded", detail=f"gen_token_mask: {detail}"),
+        case="pp-empty-intermediate-tensors",
+        better="equal",
+    )

@@ -20,7 +20,11 @@ from parity.suites.conftest import require_graph_support
 
 pytestmark = [pytest.mark.suite("numerics"), pytest.mark.keep_compile_cache]
 
-FP32_TOL = {"eager": "serving_vs_reference_fp32", "cpu_graph": "serving_vs_reference_fp32", "cuda_graph": "serving_vs_reference_fp32"}
+FP32_TOL = {
+    "eager": "serving_vs_reference_fp32",
+    "cpu_graph": "serving_vs_reference_fp32",
+    "cuda_graph": "serving_vs_reference_fp32",
+}
 
 
 def _tolerance(mode: str):
@@ -41,8 +45,10 @@ def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_m
         got = run(ids).output
     want = models.reference.forward(ids)
     golden = models.golden.forward(ids) if models.golden is not None else None
-    sites = [(f"layer.{i}", got.hidden_states[i], want.hidden_states[i], golden.hidden_states[i] if golden else None)
-             for i in range(len(want.hidden_states))]
+    sites = [
+        (f"layer.{i}", got.hidden_states[i], want.hidden_states[i], golden.hidden_states[i] if golden else None)
+        for i in range(len(want.hidden_states))
+    ]
     sites.append(("logits", got.logits, want.logits, golden.logits if golden else None))
     first = None
     for site, candidate, reference, gold in sites:
@@ -50,15 +56,34 @@ def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_m
         verdict = judge(models, candidate, reference, gold, tol, name=site)
         report.verdict(verdict, case=prompt.name, mode=mode, site=site)
         for metric in ("rel_l2", "cosine", "mean_abs", "max_ulp"):
-            report.info(case=prompt.name, mode=mode, site=site, metric=metric, value=getattr(measured, metric),
-                        verdict=verdict.verdict, better="higher" if metric == "cosine" else "lower")
+            report.info(
+                case=prompt.name,
+                mode=mode,
+                site=site,
+                metric=metric,
+                value=getattr(measured, metric),
+                verdict=verdict.verdict,
+                better="higher" if metric == "cosine" else "lower",
+            )
         if first is None and not verdict.ok:
             first = f"{site} row {measured.first_bad_row} index {measured.first_bad_index}"
     agree = diff(want.logits, got.logits, tol).argmax_agree
-    report.info(case=prompt.name, mode=mode, site="logits", metric="argmax_agree", value=agree, better="higher",
-                detail="fraction of positions whose argmax token matches the reference's")
-    report.info(case=prompt.name, mode=mode, metric="first_divergence", value=0 if first is None else 1,
-                detail=f"first diverging: {first}" if first else "no layer diverged beyond tolerance")
+    report.info(
+        case=prompt.name,
+        mode=mode,
+        site="logits",
+        metric="argmax_agree",
+        value=agree,
+        better="higher",
+        detail="fraction of positions whose argmax token matches the reference's",
+    )
+    report.info(
+        case=prompt.name,
+        mode=mode,
+        metric="first_divergence",
+        value=0 if first is None else 1,
+        detail=f"first diverging: {first}" if first else "no layer diverged beyond tolerance",
+    )
 
 
 def _first_differing_position(a: torch.Tensor, b: torch.Tensor, tol) -> list[int | None]:
@@ -86,7 +111,14 @@ def test_first_differing_row_is_the_first_gen_token(prompt: Prompt, ar_models, r
         expected = int(gen[b].nonzero()[0])
         position = -1 if observed[b] is None else observed[b]
         report.verdict(
-            count_rule(position, expected, metric="first_differing_position", at=EXACTLY,
-                       detail=f"row {b}: first gen token at {expected} (id {int(ids[b, expected])}), first differing hidden row {observed[b]}"),
-            case=prompt.name, site=f"layer.{len(routed_states) - 1}", better="equal",
+            count_rule(
+                position,
+                expected,
+                metric="first_differing_position",
+                at=EXACTLY,
+                detail=f"row {b}: first gen token at {expected} (id {int(ids[b, expected])}), first differing hidden row {observed[b]}",
+            ),
+            case=prompt.name,
+            site=f"layer.{len(routed_states) - 1}",
+            better="equal",
         )

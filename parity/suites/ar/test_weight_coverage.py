@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity.observe.weight_reads import coverage, group_by_prefix, list_tensors
 from parity.compare import AT_MOST, count_rule
+from parity.observe.weight_reads import coverage, group_by_prefix, list_tensors
+from parity.suites.ar.support import PROMPTS, token_tensor
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.checkpoints import make_checkpoint
-from parity.suites.ar.support import PROMPTS, token_tensor
 
 pytestmark = pytest.mark.suite("weight_coverage")
 
@@ -53,11 +53,22 @@ def test_every_checkpoint_tensor_is_read(implementation: str, tiny_checkpoint, t
     result = coverage(adapter.module, names, _calls(adapter, device), lambda p: name_map.get(p, [p]))
     unused = result.unused
     groups = ", ".join(f"{prefix} ({count})" for prefix, count in group_by_prefix(unused).items())
-    detail = f"{len(unused)} of {len(names)} checkpoint tensors never read" + (f": {groups}; first: {unused[:6]}" if unused else "")
+    detail = f"{len(unused)} of {len(names)} checkpoint tensors never read" + (
+        f": {groups}; first: {unused[:6]}" if unused else ""
+    )
     case = f"{implementation}-{adapter.name}"
     report.verdict(count_rule(len(unused), 0, metric="unused_tensors", at=AT_MOST, detail=detail), case=case)
-    report.info(case=case, metric="fraction_read", value=result.fraction, better="higher",
-                detail=f"{len(result.read)} of {len(names)} tensors read over {len(_calls(adapter, device))} calls")
+    report.info(
+        case=case,
+        metric="fraction_read",
+        value=result.fraction,
+        better="higher",
+        detail=f"{len(result.read)} of {len(names)} tensors read over {len(_calls(adapter, device))} calls",
+    )
     if result.unattributed:
-        report.info(case=case, metric="unattributed_parameters", value=len(result.unattributed),
-                    detail=f"read parameters the name map does not place in the checkpoint: {list(result.unattributed)[:6]}")
+        report.info(
+            case=case,
+            metric="unattributed_parameters",
+            value=len(result.unattributed),
+            detail=f"read parameters the name map does not place in the checkpoint: {list(result.unattributed)[:6]}",
+        )

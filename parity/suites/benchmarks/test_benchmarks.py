@@ -113,8 +113,13 @@ def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benc
     plan = PLANS[device.type]
     graph_mode = "cuda_graph" if device.type == "cuda" else "cpu_graph"
     bandwidth = _copy_bandwidth(device)
-    report.info(case="copy-bandwidth", metric="copy_bandwidth_gb_s", value=bandwidth / 1e9, better="higher",
-                detail="device-to-device copy, bytes read + written, median of 10")
+    report.info(
+        case="copy-bandwidth",
+        metric="copy_bandwidth_gb_s",
+        value=bandwidth / 1e9,
+        better="higher",
+        detail="device-to-device copy, bytes read + written, median of 10",
+    )
     generator = torch.Generator().manual_seed(settings.seed)
     for batch in plan.batches:
         case = f"decode-b{batch}-ctx{plan.context}"
@@ -126,18 +131,26 @@ def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benc
             adapter.allocate_decode_state(batch, plan.context + 1)
             adapter.prefill(prompt)
             if label == "single":
-                timings["eager_single"] = _median_ms(lambda a=adapter: a.decode_step(ids, positions), device, plan.iterations)
+                timings["eager_single"] = _median_ms(
+                    lambda a=adapter, i=ids, p=positions: a.decode_step(i, p), device, plan.iterations
+                )
             runner = make_runner(graph_mode, device=device, capture_registry=adapter.capture)
             with runner.prepare(adapter.decode_step, (ids, positions), dummy="zeros", name=f"decode_step[{label}]") as run:
                 adapter.prefill(prompt)  # the capture wrote dummy k/v at position 0
-                timings[f"graph_{label}"] = _median_ms(lambda r=run: r(ids, positions), device, plan.iterations)
+                timings[f"graph_{label}"] = _median_ms(lambda r=run, i=ids, p=positions: r(i, p), device, plan.iterations)
                 if label == "blend" and batch == plan.batches[0]:
-                    benchmark.pedantic(lambda r=run: r(ids, positions), rounds=plan.iterations, warmup_rounds=2)
+                    benchmark.pedantic(lambda r=run, i=ids, p=positions: r(i, p), rounds=plan.iterations, warmup_rounds=2)
         for label, ms in timings.items():
             report.info(case=case, metric=f"{label}_ms", value=ms, detail=f"median of {plan.iterations}, und-only batch")
         ratios = {
-            "blend_tax": (timings["graph_blend"] / timings["graph_single"], "graph blend / graph single-expert: both experts on every token"),
-            "blend_vs_eager_single": (timings["graph_blend"] / timings["eager_single"], "graph blend / eager single-expert dispatch"),
+            "blend_tax": (
+                timings["graph_blend"] / timings["graph_single"],
+                "graph blend / graph single-expert: both experts on every token",
+            ),
+            "blend_vs_eager_single": (
+                timings["graph_blend"] / timings["eager_single"],
+                "graph blend / eager single-expert dispatch",
+            ),
             "graph_speedup": (timings["eager_single"] / timings["graph_single"], "eager / graph replay, same single-expert step"),
         }
         element = next(blended.module.parameters()).element_size()
@@ -149,7 +162,9 @@ def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benc
                 f"graph {label} step / ({step_bytes / 1e9:.2f} GB read per step at {bandwidth / 1e9:.0f} GB/s = {floor_ms:.3f} ms)",
             )
         for metric, (value, detail) in ratios.items():
-            report.record(case=case, metric=metric, value=value, detail=detail, better="lower" if "speedup" not in metric else "higher")
+            report.record(
+                case=case, metric=metric, value=value, detail=detail, better="lower" if "speedup" not in metric else "higher"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +183,7 @@ def test_dit_regional_compile_speedup(dit_model, settings, report, benchmark) ->
     latents = torch.randn(1, config.in_channels, plan.dit_latent, plan.dit_latent, generator=generator).to(device, adapter.dtype)
     timestep = torch.full((1,), 0.5, device=device, dtype=adapter.dtype)
     text, mask = adapter.text_condition(plan.dit_text, settings.seed)
-    step = lambda: adapter.forward(latents, timestep, text, mask)  # noqa: E731
+    step = lambda: adapter.forward(latents, timestep, text, mask)
     eager_ms = _median_ms(step, device, plan.iterations)
     compiled = compile_repeated_blocks(adapter.module, dynamic=True, fullgraph=True)
     try:
@@ -183,5 +198,10 @@ def test_dit_regional_compile_speedup(dit_model, settings, report, benchmark) ->
     report.info(case=case, metric="eager_ms", value=eager_ms, detail=f"median of {plan.iterations}")
     report.info(case=case, metric="compiled_ms", value=compiled_ms, detail=f"{compiled.count} blocks regionally compiled")
     report.info(case=case, metric="first_compiled_call_s", value=compile_s, detail="includes Inductor compilation")
-    report.record(case=case, metric="compile_speedup", value=eager_ms / compiled_ms, better="higher",
-                  detail=f"eager / regional compile; {compiled.count} TransformerBlock modules compiled")
+    report.record(
+        case=case,
+        metric="compile_speedup",
+        value=eager_ms / compiled_ms,
+        better="higher",
+        detail=f"eager / regional compile; {compiled.count} TransformerBlock modules compiled",
+    )

@@ -286,7 +286,7 @@ def record_block_outputs(adapter: Any) -> tuple[dict[str, list[torch.Tensor]], l
     outputs: dict[str, list[torch.Tensor]] = {name: [] for name, _ in adapter.block_sites()}
     handles = []
     for name, block in adapter.block_sites():
-        hook = lambda _module, _args, out, name=name: outputs[name].append(out.detach())  # noqa: E731
+        hook = lambda _module, _args, out, name=name: outputs[name].append(out.detach())
         handles.append(block.register_forward_hook(hook))
     return outputs, handles
 
@@ -362,9 +362,7 @@ def compiled_for_comparison(report: Any, adapter: Any) -> Iterator[None]:
     block = block_class()
     codes = block_codes(adapter.module, block)
     with CompileLedger() as ledger:
-        regional = compile_repeated_blocks(
-            adapter.module, dynamic=True, fullgraph=True, backend=COMPARE_BACKEND, ledger=ledger
-        )
+        regional = compile_repeated_blocks(adapter.module, dynamic=True, fullgraph=True, backend=COMPARE_BACKEND, ledger=ledger)
         try:
             record_regional(report, regional, COMPARE_BACKEND)
             yield

@@ -107,14 +107,25 @@ def judge_pair(
     )
     gate = golden is None  # fp32: the pairwise numbers are the gates
     if gate and threshold.psnr_min_db is not None:
-        report.verdict(threshold_rule(p.value, threshold.psnr_min_db, metric="psnr", at=AT_LEAST, detail=f"{pair}; {threshold.reason}"),
-                       better="higher", **where)
+        report.verdict(
+            threshold_rule(p.value, threshold.psnr_min_db, metric="psnr", at=AT_LEAST, detail=f"{pair}; {threshold.reason}"),
+            better="higher",
+            **where,
+        )
     else:
         report.info(metric="psnr", value=p.value, detail=pair, better="higher", **where)
     if gate and threshold.ssim_min is not None:
-        report.verdict(threshold_rule(s.value, threshold.ssim_min, metric="ssim", at=AT_LEAST,
-                                      detail=f"{pair}; SSIM Gaussian sigma 1.5 over RGB (channel_axis=-1)"),
-                       better="higher", **where)
+        report.verdict(
+            threshold_rule(
+                s.value,
+                threshold.ssim_min,
+                metric="ssim",
+                at=AT_LEAST,
+                detail=f"{pair}; SSIM Gaussian sigma 1.5 over RGB (channel_axis=-1)",
+            ),
+            better="higher",
+            **where,
+        )
     else:
         detail = f"{pair}; SSIM over RGB (channel_axis=-1)"
         report.info(metric="ssim", value=s.value, detail=detail, better="higher", **where)
@@ -128,7 +139,10 @@ def judge_pair(
     bound = floor - threshold.golden_max_drop_db
     report.verdict(
         threshold_rule(
-            cand, bound, metric="psnr_vs_golden", at=AT_LEAST,
+            cand,
+            bound,
+            metric="psnr_vs_golden",
+            at=AT_LEAST,
             detail=f"PSNR({golden_path}, {cand_path}) = {cand:.2f} dB; PSNR({golden_path}, {comp_path}) = {floor:.2f} dB "
             f"minus {threshold.golden_max_drop_db:g} dB; data_range={DATA_RANGE:g}; {threshold.reason}",
             bound=MEASURED,  # the comparison image's PSNR against the golden, measured in this run

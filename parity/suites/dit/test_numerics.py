@@ -115,8 +115,13 @@ def test_blocks_match_reference(case: BlockCase, dit_models: DiTModels, report, 
         if cand_calls is None or len(cand_calls) != len(ref_calls):
             found = "no such site" if cand_calls is None else f"{len(cand_calls)} non-empty calls"
             report.verdict(
-                flag_rule(False, metric="calls", value=None if cand_calls is None else len(cand_calls), threshold=len(ref_calls),
-                          detail=f"{name}: the reference ran it {len(ref_calls)} times on non-empty input, the target: {found}"),
+                flag_rule(
+                    False,
+                    metric="calls",
+                    value=None if cand_calls is None else len(cand_calls),
+                    threshold=len(ref_calls),
+                    detail=f"{name}: the reference ran it {len(ref_calls)} times on non-empty input, the target: {found}",
+                ),
                 **where,
             )
             continue

@@ -62,9 +62,7 @@ class Point:
 
 
 def lattice_points(lattice: RecompileLattice) -> list[Point]:
-    return [
-        Point(h, w, text_len, cfg) for h, w in lattice.sizes for text_len in lattice.text_lengths for cfg in lattice.cfg
-    ]
+    return [Point(h, w, text_len, cfg) for h, w in lattice.sizes for text_len in lattice.text_lengths for cfg in lattice.cfg]
 
 
 def run_point(adapter: Any, config: Any, lattice: RecompileLattice, point: Point, seed: int = 0) -> torch.Tensor:
@@ -73,9 +71,7 @@ def run_point(adapter: Any, config: Any, lattice: RecompileLattice, point: Point
     `config` is the truth's DiTConfig (input sizes)."""
     states, mask = text_inputs(config, [point.text_len], lattice.text_seed + seed)
     guidance = lattice.guidance_scale if point.cfg else 1.0
-    return adapter.sample(
-        states, mask, point.height, point.width, lattice.steps, guidance, (0.0, 1.0), lattice.noise_seed + seed
-    )
+    return adapter.sample(states, mask, point.height, point.width, lattice.steps, guidance, (0.0, 1.0), lattice.noise_seed + seed)
 
 
 def control_target(adapter: Any) -> Any:
@@ -124,8 +120,13 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
     report.mode = "compiled"
     if not codes:
         report.verdict(
-            count_rule(0, 1, metric="block_modules", at=AT_LEAST,
-                       detail=f"no submodule of {type(model).__name__} is a {block} (cases/{CASE_FILE} [models] block_class)"),
+            count_rule(
+                0,
+                1,
+                metric="block_modules",
+                at=AT_LEAST,
+                detail=f"no submodule of {type(model).__name__} is a {block} (cases/{CASE_FILE} [models] block_class)",
+            ),
             case="dit-regional-compile",
             better="higher",
         )
@@ -149,8 +150,13 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
                 # "warm-up <shape>": a warm-up shape is visited again in the lattice, and each row
                 # needs its own key (suite, case, target, mode, site, metric) for baselines
                 report.verdict(
-                    count_rule(new, warm.expected_compiles, metric="new_compiles", at=EXACTLY,
-                               detail=f"warm-up: expected {warm.expected_compiles} ({warm.reason}); seen: {seen}"),
+                    count_rule(
+                        new,
+                        warm.expected_compiles,
+                        metric="new_compiles",
+                        at=EXACTLY,
+                        detail=f"warm-up: expected {warm.expected_compiles} ({warm.reason}); seen: {seen}",
+                    ),
                     case=f"warm-up {point.name}",
                     site=site,
                     better="equal",
@@ -175,8 +181,13 @@ def _summary_rows(report: Any, ledger: CompileLedger, codes: list[Any], control_
     report.case = "summary"
     breaks = ledger.graph_breaks()
     report.verdict(
-        count_rule(sum(breaks.values()), 0, metric="graph_breaks", at=AT_MOST,
-                   detail="; ".join(f"{n}x {reason}" for reason, n in breaks.items()) or "none (fullgraph=True)"),
+        count_rule(
+            sum(breaks.values()),
+            0,
+            metric="graph_breaks",
+            at=AT_MOST,
+            detail="; ".join(f"{n}x {reason}" for reason, n in breaks.items()) or "none (fullgraph=True)",
+        ),
         site=site,
     )
     fallbacks = [fb for fb in ledger.eager_fallbacks() if fb.code in codes]
@@ -187,16 +198,26 @@ def _summary_rows(report: Any, ledger: CompileLedger, codes: list[Any], control_
     # a limit hit is a failure even before any call fell back (calls_since 0): the flag decides,
     # the row shows the calls that ran eager since
     report.verdict(
-        flag_rule(not fallbacks, metric="eager_fallback", value=sum(fb.calls_since or 0 for fb in fallbacks), threshold=0,
-                  detail=described or f"no recompile limit hit; {calls} block calls went through the compiled forward"),
+        flag_rule(
+            not fallbacks,
+            metric="eager_fallback",
+            value=sum(fb.calls_since or 0 for fb in fallbacks),
+            threshold=0,
+            detail=described or f"no recompile limit hit; {calls} block calls went through the compiled forward",
+        ),
         site=site,
     )
     control_compiles = ledger.compiles(control_code)
     report.verdict(
-        count_rule(control_compiles, 1, metric="control_frame_compiles", at=AT_LEAST,
-                   detail="a frame outside the block region (the decoder, compiled on its own) compiled and was not "
-                   f"counted against {site}: all frames compiled {ledger.compiles()}, block frames "
-                   f"{dit_support.count_block_compiles(ledger, codes)}"),
+        count_rule(
+            control_compiles,
+            1,
+            metric="control_frame_compiles",
+            at=AT_LEAST,
+            detail="a frame outside the block region (the decoder, compiled on its own) compiled and was not "
+            f"counted against {site}: all frames compiled {ledger.compiles()}, block frames "
+            f"{dit_support.count_block_compiles(ledger, codes)}",
+        ),
         site=code_label(control_code),
         better="higher",
     )

@@ -20,8 +20,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CASE_FILE = "routing.toml"
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class Kind:
     """A routing configuration family: softmax (docs/routing.md §2) or grouped sigmoid with a
@@ -216,9 +214,13 @@ def _check_cross_references(cases: dict[str, Any]) -> None:
             if (groups.experts, k) in seen:
                 raise CaseFileError(f"{where}: (E={groups.experts}, k={k}) already given by {seen[groups.experts, k]!r}")
             if groups.experts % groups.num_expert_group or not 1 <= groups.topk_group <= groups.num_expert_group:
-                raise CaseFileError(f"{where}: E={groups.experts} must split into num_expert_group equal groups, 1 <= topk_group <= groups")
+                raise CaseFileError(
+                    f"{where}: E={groups.experts} must split into num_expert_group equal groups, 1 <= topk_group <= groups"
+                )
             if k > groups.topk_group * groups.experts // groups.num_expert_group:
-                raise CaseFileError(f"{where}: k={k} exceeds the {groups.topk_group * groups.experts // groups.num_expert_group} experts left in the kept groups")
+                raise CaseFileError(
+                    f"{where}: k={k} exceeds the {groups.topk_group * groups.experts // groups.num_expert_group} experts left in the kept groups"
+                )
             seen[groups.experts, k] = groups.name
     needed = []
     for table in ("grid", "grid_serving_scale"):

@@ -24,7 +24,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from parity.compare import AT_MOST, ERROR, count_rule
-from reference_models.routing import router as reference
 from parity.suites.routing.cases import CASES, KINDS, TOL_EXACT, TOL_WEIGHTS, RankCase, RankSpec
 from parity.suites.routing.support import (
     Row,
@@ -37,8 +36,7 @@ from parity.suites.routing.support import (
     rows_text,
     weights_row,
 )
-
-
+from reference_models.routing import router as reference
 
 WORLD_SIZE = 2
 GATHERED_FIELDS = ("hidden", "weights", "ids", "counts")
@@ -66,7 +64,9 @@ def rank_case_name(case: RankCase, kind: str) -> str:
     return f"rank-{kind}-{case.name}"
 
 
-def rank_inputs(case: RankCase, kind_name: str, rank: int, device: torch.device, seed: int) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, Any]]:
+def rank_inputs(
+    case: RankCase, kind_name: str, rank: int, device: torch.device, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, Any]]:
     """This rank's hidden rows, logits (every third row integer-valued; rows past the count NaN),
     its count and the routing options: the same on every process for the same arguments."""
     spec: RankSpec = CASES["rank"]
@@ -94,7 +94,10 @@ def rank_worker(rank: int, job: RankJob) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(
-        job.backend, init_method=f"file://{job.init_file}", rank=rank, world_size=WORLD_SIZE,
+        job.backend,
+        init_method=f"file://{job.init_file}",
+        rank=rank,
+        world_size=WORLD_SIZE,
         timeout=datetime.timedelta(seconds=job.timeout_s),
     )
     results: dict[str, Any] = {}
@@ -106,7 +109,9 @@ def rank_worker(rank: int, job: RankJob) -> None:
             try:
                 both = {}
                 for path in ("route_then_gather", "gather_then_route"):
-                    gathered = getattr(router, path)(hidden, logits, count_tensor(count, device), spec.k, capacity=spec.capacity, **options)
+                    gathered = getattr(router, path)(
+                        hidden, logits, count_tensor(count, device), spec.k, capacity=spec.capacity, **options
+                    )
                     both[path] = _to_cpu(gathered)
                 results[rank_case_name(case, kind)] = both
             except Exception as error:  # recorded per case; a failed collective ends the loop
@@ -193,10 +198,24 @@ def rank_rows(case: RankCase, kind: str, results: dict[int, dict[str, Any]], see
     rows = []
     note = f"[{backend_note}]"
 
-    disagree = [f"{path}.{field}" for path in mine for field in GATHERED_FIELDS
-                if not torch.equal(mine[path][field], results[1][name][path][field])]
-    rows.append(Row.of(name, count_rule(len(disagree), 0, metric="ranks_disagree", at=AT_MOST,
-                                        detail=f"rank 0 vs rank 1 gathered tensors: {', '.join(disagree) or 'identical'} {note}")))
+    disagree = [
+        f"{path}.{field}"
+        for path in mine
+        for field in GATHERED_FIELDS
+        if not torch.equal(mine[path][field], results[1][name][path][field])
+    ]
+    rows.append(
+        Row.of(
+            name,
+            count_rule(
+                len(disagree),
+                0,
+                metric="ranks_disagree",
+                at=AT_MOST,
+                detail=f"rank 0 vs rank 1 gathered tensors: {', '.join(disagree) or 'identical'} {note}",
+            ),
+        )
+    )
     before, after = mine["route_then_gather"], mine["gather_then_route"]
     rows.append(ids_row(name, before["ids"], after["ids"], site="gather_then_route", what="route_then_gather result"))
     rows.append(weights_row(name, before["weights"], after["weights"], TOL_EXACT, site="gather_then_route", note=note))
@@ -204,12 +223,38 @@ def rank_rows(case: RankCase, kind: str, results: dict[int, dict[str, Any]], see
     rows.append(weights_row(name, expected["weights"], before["weights"], TOL_WEIGHTS, site="reference", note=note))
     for path, got in (("route_then_gather", before), ("gather_then_route", after)):
         shape_ok = got["hidden"].shape == expected["hidden"].shape
-        misaligned = (got["hidden"][real] != expected["hidden"][real]).any(dim=1).nonzero().flatten() if shape_ok else torch.arange(int(real.sum()))
-        rows.append(Row.of(name, count_rule(int(misaligned.numel()), 0, metric="rows_misaligned", at=AT_MOST,
-                                            detail=f"real gathered rows whose hidden state is not the owner's row: {rows_text(misaligned) or 'none'} {note}"), path))
+        misaligned = (
+            (got["hidden"][real] != expected["hidden"][real]).any(dim=1).nonzero().flatten()
+            if shape_ok
+            else torch.arange(int(real.sum()))
+        )
+        rows.append(
+            Row.of(
+                name,
+                count_rule(
+                    int(misaligned.numel()),
+                    0,
+                    metric="rows_misaligned",
+                    at=AT_MOST,
+                    detail=f"real gathered rows whose hidden state is not the owner's row: {rows_text(misaligned) or 'none'} {note}",
+                ),
+                path,
+            )
+        )
         counts_ok = torch.equal(got["counts"].to(torch.int64).reshape(-1), expected["counts"])
-        rows.append(Row.of(name, count_rule(0 if counts_ok else 1, 0, metric="counts_mismatch", at=AT_MOST,
-                                            detail=f"gathered counts {got['counts'].tolist()} vs clamp(n_valid, 0, rows) {expected['counts'].tolist()} {note}"), path))
+        rows.append(
+            Row.of(
+                name,
+                count_rule(
+                    0 if counts_ok else 1,
+                    0,
+                    metric="counts_mismatch",
+                    at=AT_MOST,
+                    detail=f"gathered counts {got['counts'].tolist()} vs clamp(n_valid, 0, rows) {expected['counts'].tolist()} {note}",
+                ),
+                path,
+            )
+        )
     return rows
 
 

@@ -24,7 +24,6 @@ import torch
 from parity.cases import CaseFileError, case_path
 from parity.compare import AT_MOST, ERROR, FAIL, PASS, TIE_FLIP, Tolerance, Verdict, count_rule, diff, noise_floor_rule
 from parity.runners.base import CaptureError
-from reference_models.routing import router as reference
 from parity.suites.routing.cases import (
     CASE_FILE,
     CASES,
@@ -44,7 +43,7 @@ from parity.suites.routing.cases import (
     group_params,
     resolve_count,
 )
-
+from reference_models.routing import router as reference
 
 # ---------------------------------------------------------------------------------------------
 # Inputs
@@ -132,8 +131,17 @@ class Row:
     @classmethod
     def of(cls, case: str, verdict: Verdict, site: str = "", *, better: str = "lower") -> Row:
         """The gate row of a `Verdict` from one of the rules in parity.compare."""
-        return cls(case, verdict.metric, verdict.value, verdict.verdict, verdict.threshold, verdict.detail, site,
-                   better=better, bound=verdict.bound)
+        return cls(
+            case,
+            verdict.metric,
+            verdict.value,
+            verdict.verdict,
+            verdict.threshold,
+            verdict.detail,
+            site,
+            better=better,
+            bound=verdict.bound,
+        )
 
     @property
     def failed(self) -> bool:
@@ -143,8 +151,18 @@ class Row:
 def write_rows(report: Any, rows: Sequence[Row], *, mode: str = "eager", seed: int | None = None) -> None:
     for row in rows:
         report.record(
-            case=row.case, metric=row.metric, value=row.value, verdict=row.verdict, threshold=row.threshold,
-            detail=row.detail, site=row.site, kind=row.kind, better=row.better, mode=mode, seed=seed, bound=row.bound,
+            case=row.case,
+            metric=row.metric,
+            value=row.value,
+            verdict=row.verdict,
+            threshold=row.threshold,
+            detail=row.detail,
+            site=row.site,
+            kind=row.kind,
+            better=row.better,
+            mode=mode,
+            seed=seed,
+            bound=row.bound,
         )
 
 
@@ -191,7 +209,9 @@ def contract_violations(result: Any, rows: int, k: int, num_shared: int, num_exp
 
 def contract_row(case: str, result: Any, rows: int, k: int, num_shared: int, num_experts: int) -> Row:
     problems = contract_violations(result, rows, k, num_shared, num_experts)
-    return Row.of(case, count_rule(len(problems), 0, metric="contract_violations", at=AT_MOST, detail="; ".join(problems) or "ok"))
+    return Row.of(
+        case, count_rule(len(problems), 0, metric="contract_violations", at=AT_MOST, detail="; ".join(problems) or "ok")
+    )
 
 
 def differing_rows(ref_ids: torch.Tensor, cand_ids: torch.Tensor) -> torch.Tensor:
@@ -398,12 +418,31 @@ def grid_rows(router: Any, point: GridPoint, device: torch.device, seed: int) ->
     note = f"{point.rows - int(same.sum())} rows with differing ids left out" if decisions else ""
     rows.append(weights_row(point.name, ref_w[same], cand_w[same], TOL_WEIGHTS, note=note))
     verdict, floor = noise_floor_rule(golden_w[same], ref_w[same], cand_w[same], TOL_GOLDEN, name="weights")
-    rows.append(Row(point.name, "rmse_vs_golden", floor.res_error, verdict.verdict, floor.threshold, f"{verdict.detail}; {TOL_GOLDEN.describe()}",
-                    bound=verdict.bound))
+    rows.append(
+        Row(
+            point.name,
+            "rmse_vs_golden",
+            floor.res_error,
+            verdict.verdict,
+            floor.threshold,
+            f"{verdict.detail}; {TOL_GOLDEN.describe()}",
+            bound=verdict.bound,
+        )
+    )
     flips = [d for d in decisions if d.verdict == TIE_FLIP]
     if flips:
-        rows.append(Row(point.name, "tie_flip_max_margin_ulps", max(d.margin_ulps for d in flips), TIE_FLIP, grid.tie_flip_spacings,
-                        f"{len(flips)} tie flips", kind="info", better=""))
+        rows.append(
+            Row(
+                point.name,
+                "tie_flip_max_margin_ulps",
+                max(d.margin_ulps for d in flips),
+                TIE_FLIP,
+                grid.tie_flip_spacings,
+                f"{len(flips)} tie flips",
+                kind="info",
+                better="",
+            )
+        )
     return rows
 
 
@@ -423,7 +462,9 @@ def edge_logits(case: EdgeCase) -> torch.Tensor:
 
 def edge_options(case: EdgeCase, device: torch.device) -> dict[str, Any]:
     options: dict[str, Any] = dict(
-        scoring=case.scoring, renormalize=case.renormalize, routed_scaling_factor=case.routed_scaling_factor,
+        scoring=case.scoring,
+        renormalize=case.renormalize,
+        routed_scaling_factor=case.routed_scaling_factor,
         num_shared_experts=case.num_shared_experts,
     )
     if case.num_expert_group is not None:
@@ -441,7 +482,9 @@ def edge_rows(router: Any, case: EdgeCase, dtype: str, device: torch.device) -> 
     expected = torch.tensor(case.expected_ids, dtype=torch.int64)
     width = case.k + case.num_shared_experts
     if tuple(expected.shape) != (logits.shape[0], width):
-        raise CaseFileError(f"{case_path(CASE_FILE)}: table [edge] case {case.name!r}: expected_ids shape {tuple(expected.shape)}, rows x (k + S) is {(logits.shape[0], width)}")
+        raise CaseFileError(
+            f"{case_path(CASE_FILE)}: table [edge] case {case.name!r}: expected_ids shape {tuple(expected.shape)}, rows x (k + S) is {(logits.shape[0], width)}"
+        )
     result = router.select_experts(logits, case.k, **options)
     truth = reference.select_experts(logits, case.k, **options)
     rows = [contract_row(name, result, logits.shape[0], case.k, case.num_shared_experts, logits.shape[1])]
@@ -499,7 +542,9 @@ def pad_rows(router: Any, point: PadPoint, device: torch.device, seed: int) -> l
     detail = f"{rows_ - real} pad rows (count {count}, {point.fill} logits)"
     if routed_pads.numel():
         first = int(routed_pads[0])
-        detail += f"; routed: rows {rows_text(routed_pads)}; row {first}: ids {ids[first].tolist()} weights {weights[first].tolist()}"
+        detail += (
+            f"; routed: rows {rows_text(routed_pads)}; row {first}: ids {ids[first].tolist()} weights {weights[first].tolist()}"
+        )
     rows.append(Row.of(name, count_rule(int(routed_pads.numel()), 0, metric="pad_routes", at=AT_MOST, detail=detail), "pad_rows"))
 
     unpadded = router.select_experts(logits[:real].clone(), spec.k, **options)
@@ -536,13 +581,24 @@ def replay_rows(router: Any, runner: Any, kind_name: str, device: torch.device, 
         prepared = runner.prepare(route, examples, name=f"{router.name} router select_experts")
     except CaptureError as error:
         return [Row(f"{prefix}-capture", "capture", None, ERROR, None, f"{type(error).__name__}: {error}".replace("\n", " | "))]
-    rows = [Row(f"{prefix}-capture", "probe_during_capture", float(bool(getattr(prepared, "probe_during_capture", None))), PASS,
-                detail="whether the target's capture probe answered True while recording", kind="info", better="")]
+    rows = [
+        Row(
+            f"{prefix}-capture",
+            "probe_during_capture",
+            float(bool(getattr(prepared, "probe_during_capture", None))),
+            PASS,
+            detail="whether the target's capture probe answered True while recording",
+            kind="info",
+            better="",
+        )
+    ]
     gen = generator(seed, capacity, spec.experts)
     for step, expr in enumerate(spec.counts):
         count = resolve_count(expr, capacity)
         name = f"{prefix}-step{step}-{count_label(count)}"
-        logits = fill_pad_rows(2.0 * torch.randn(capacity, spec.experts, generator=gen), min(max(count, 0), capacity), "nan", gen).to(device)
+        logits = fill_pad_rows(
+            2.0 * torch.randn(capacity, spec.experts, generator=gen), min(max(count, 0), capacity), "nan", gen
+        ).to(device)
         inputs = (logits, count_tensor(count, device)) + ((bias,) if bias is not None else ())
         replayed_w, replayed_ids = prepared(*inputs).output
         eager_w, eager_ids = route(*inputs)
@@ -649,18 +705,48 @@ def load_rows(router: Any, rows_: int, replicas: int, count: int, device: torch.
     for site, ids in (("routed_ids", routed_ids), ("raw_ids", raw_ids)):
         load = router.expert_load(ids, count_tensor(count, device), num_physical)
         want = reference.expert_load(ids, count, num_physical)
-        wrong = (load.detach().cpu().to(torch.int64) != want.cpu()).nonzero().flatten() if load.shape == want.shape else torch.arange(num_physical)
+        wrong = (
+            (load.detach().cpu().to(torch.int64) != want.cpu()).nonzero().flatten()
+            if load.shape == want.shape
+            else torch.arange(num_physical)
+        )
         detail = f"routes per physical expert on {real} real rows of {rows_}: target {load.tolist()} vs reference {want.tolist()}"
         rows.append(Row.of(name, count_rule(int(wrong.numel()), 0, metric="load_mismatch", at=AT_MOST, detail=detail), site))
 
         physical = router.remap(ids, table, choice)
         expected = reference.remap(ids, table, choice)
-        bad = (physical.detach().cpu().to(torch.int64) != expected.cpu().to(torch.int64))
-        first = "" if not bad.any() else f"; first at {tuple(int(i) for i in bad.nonzero()[0])}: {int(ids.cpu()[tuple(bad.nonzero()[0])])} -> {int(physical.cpu()[tuple(bad.nonzero()[0])])}, expected {int(expected.cpu()[tuple(bad.nonzero()[0])])}"
-        rows.append(Row.of(name, count_rule(int(bad.sum()), 0, metric="remap_mismatch", at=AT_MOST,
-                                            detail=f"{ids.numel()} ids, {replicas} replicas{first}"), site))
+        bad = physical.detach().cpu().to(torch.int64) != expected.cpu().to(torch.int64)
+        first = (
+            ""
+            if not bad.any()
+            else f"; first at {tuple(int(i) for i in bad.nonzero()[0])}: {int(ids.cpu()[tuple(bad.nonzero()[0])])} -> {int(physical.cpu()[tuple(bad.nonzero()[0])])}, expected {int(expected.cpu()[tuple(bad.nonzero()[0])])}"
+        )
+        rows.append(
+            Row.of(
+                name,
+                count_rule(
+                    int(bad.sum()),
+                    0,
+                    metric="remap_mismatch",
+                    at=AT_MOST,
+                    detail=f"{ids.numel()} ids, {replicas} replicas{first}",
+                ),
+                site,
+            )
+        )
         holes = ids.detach().cpu() == -1
         changed = int((physical.detach().cpu()[holes] != -1).sum())
-        rows.append(Row.of(name, count_rule(changed, 0, metric="minus_one_changed", at=AT_MOST,
-                                            detail=f"{int(holes.sum())} -1 ids must pass through unchanged"), site))
+        rows.append(
+            Row.of(
+                name,
+                count_rule(
+                    changed,
+                    0,
+                    metric="minus_one_changed",
+                    at=AT_MOST,
+                    detail=f"{int(holes.sum())} -1 ids must pass through unchanged",
+                ),
+                site,
+            )
+        )
     return rows

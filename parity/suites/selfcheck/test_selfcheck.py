@@ -91,8 +91,13 @@ def test_psnr_closed_form(case: PsnrCase, report) -> None:
     score = psnr(ref, cand, data_range=case.data_range)
     error = abs(score.value - expected)
     report.verdict(
-        threshold_rule(error, _bound(expected), metric="psnr_error_db", at=AT_MOST,
-                       detail=f"psnr={score.value:.6f} expected={expected:.6f} data_range={score.data_range:g} ({TOL.reason})"),
+        threshold_rule(
+            error,
+            _bound(expected),
+            metric="psnr_error_db",
+            at=AT_MOST,
+            detail=f"psnr={score.value:.6f} expected={expected:.6f} data_range={score.data_range:g} ({TOL.reason})",
+        ),
         case=case.name,
     )
 
@@ -103,8 +108,13 @@ def test_cosine_closed_form(case: CosineCase, report) -> None:
     error = abs(measured.cosine - case.expected)
     report.verdict(
         # |cosine| <= 1, so rtol * |expected| never exceeds atol here: the bound is atol
-        threshold_rule(error, TOL.atol, metric="cosine_error", at=AT_MOST,
-                       detail=f"cosine={measured.cosine!r} expected={case.expected} ({TOL.reason})"),
+        threshold_rule(
+            error,
+            TOL.atol,
+            metric="cosine_error",
+            at=AT_MOST,
+            detail=f"cosine={measured.cosine!r} expected={case.expected} ({TOL.reason})",
+        ),
         case=case.name,
     )
 
@@ -118,8 +128,13 @@ def test_ulp_distance_of_neighbours(case: UlpCase, report) -> None:
         neighbour = torch.nextafter(neighbour, torch.tensor([math.inf], dtype=dtype))
     distance = int(ulp_distance(start, neighbour)[0])
     report.verdict(
-        count_rule(distance, case.steps, metric="ulp_distance", at=EXACTLY,
-                   detail=f"{case.value!r} to its {case.steps}-th next {case.dtype} neighbour {float(neighbour[0])!r}"),
+        count_rule(
+            distance,
+            case.steps,
+            metric="ulp_distance",
+            at=EXACTLY,
+            detail=f"{case.value!r} to its {case.steps}-th next {case.dtype} neighbour {float(neighbour[0])!r}",
+        ),
         case=case.name,
         better="equal",
     )

@@ -104,7 +104,7 @@ def _run_child(args: list[str], log: str) -> None:
         import pytest
 
         code = int(pytest.main(args))
-    except BaseException as error:  # noqa: BLE001 - reported in the log, exit code says it failed
+    except BaseException as error:
         print(f"forked pytest session raised {type(error).__name__}: {error}", file=sys.stderr)
     finally:
         sys.stdout.flush()

@@ -22,9 +22,9 @@ import pytest
 
 from parity.compare import NOT_APPLICABLE, Verdict, flag_rule
 from parity.env import PROJECT_ROOT
-from parity.suites.sensitivity.sessions import DEFAULT_PRELOAD, PytestForkServer
 from parity.report import read_results
 from parity.suites.sensitivity.catalogue import Kill, NotApplicable, all_mutants, lane_of
+from parity.suites.sensitivity.sessions import DEFAULT_PRELOAD, PytestForkServer
 
 pytestmark = [pytest.mark.suite("sensitivity"), pytest.mark.slow]
 
@@ -46,8 +46,21 @@ def sessions() -> Iterator[PytestForkServer]:
 
 def _child(sessions: PytestForkServer, args: list[str], kill: Kill, out: Path, settings) -> tuple[int, pd.DataFrame | None, str]:
     """An isolated pytest session at the selection's configuration; its rows go under `out`."""
-    argv = [*args, "-p", "no:cacheprovider", "--parity-report-dir", str(out), "--parity-run-id", "child",
-            "--parity-device", settings.device, "--parity-size", kill.size, "--parity-no-summary", "-q"]
+    argv = [
+        *args,
+        "-p",
+        "no:cacheprovider",
+        "--parity-report-dir",
+        str(out),
+        "--parity-run-id",
+        "child",
+        "--parity-device",
+        settings.device,
+        "--parity-size",
+        kill.size,
+        "--parity-no-summary",
+        "-q",
+    ]
     if kill.dtype:
         argv += ["--parity-dtype", kill.dtype]
     log = out / "child.log"
@@ -78,8 +91,12 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
     lane = lane_of(settings.device)
     kill = mutant.on(lane)
     if isinstance(kill, NotApplicable):
-        report.verdict(Verdict(NOT_APPLICABLE, "killed", None, None, f"{mutant.defect} || not applicable on the {lane} lane: {kill.reason}"),
-                       case=name, mode=mutant.suite, better="equal")
+        report.verdict(
+            Verdict(NOT_APPLICABLE, "killed", None, None, f"{mutant.defect} || not applicable on the {lane} lane: {kill.reason}"),
+            case=name,
+            mode=mutant.suite,
+            better="equal",
+        )
         return
     code, rows, tail = _child(sessions, [*kill.tests, "--parity-target", mutant.target, "-x"], kill, tmp_path, settings)
     killers = _failing(rows, mutant.suite)
@@ -87,14 +104,17 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
     where = f"{lane} lane, {kill.size}" + (f" {kill.dtype}" if kill.dtype else "")
     if killed:
         first = killers.iloc[0]
-        detail = (f"killed on the {where} by {first['suite']}/{first['case']}/{first['mode']} "
-                  f"{first['metric']}={first['value']}: {str(first['detail'])[:300]}")
+        detail = (
+            f"killed on the {where} by {first['suite']}/{first['case']}/{first['mode']} "
+            f"{first['metric']}={first['value']}: {str(first['detail'])[:300]}"
+        )
     else:
         detail = f"SURVIVED on the {where}: exit {code}, no failing {mutant.suite} row ({tail[:300]})"
     if kill.why:
         detail += f" [{kill.why}]"
-    report.verdict(flag_rule(killed, metric="killed", detail=f"{mutant.defect} || {detail}"),
-                   case=name, mode=mutant.suite, better="equal")
+    report.verdict(
+        flag_rule(killed, metric="killed", detail=f"{mutant.defect} || {detail}"), case=name, mode=mutant.suite, better="equal"
+    )
 
 
 def control_selections(lane: str) -> dict[Kill, list[str]]:
@@ -124,7 +144,9 @@ def test_correct_target_raises_no_alarm(seed: int, report, settings, sessions, t
     for index, (config, selection) in enumerate(control_selections(lane).items()):
         out = tmp_path / f"config-{index}"
         out.mkdir()
-        code, rows, tail = _child(sessions, [*selection, "--parity-target", "serving", "--parity-seed", str(seed)], config, out, settings)
+        code, rows, tail = _child(
+            sessions, [*selection, "--parity-target", "serving", "--parity-seed", str(seed)], config, out, settings
+        )
         exits.append(code)
         if rows is None:
             tails.append(f"{config.size}/{config.dtype or 'lane dtype'}: no rows ({tail[:200]})")
@@ -133,12 +155,17 @@ def test_correct_target_raises_no_alarm(seed: int, report, settings, sessions, t
         cases += rows[["suite", "case", "mode"]].drop_duplicates().shape[0]
     found = pd.concat(alarms) if alarms else pd.DataFrame()
     ok = all(code == 0 for code in exits) and found.empty and not tails
-    detail = (
-        f"{cases} cases of the {lane} lane's catalogue tests on the correct target with --seed {seed}: "
-        + ("no alarm" if ok else f"exits {exits}; "
-           + "; ".join(f"{r.suite}/{r.case}/{r.mode} {r.metric}={r.value}" for r in found.head(5).itertuples())
-           + " " + " ".join(tails))
+    detail = f"{cases} cases of the {lane} lane's catalogue tests on the correct target with --seed {seed}: " + (
+        "no alarm"
+        if ok
+        else f"exits {exits}; "
+        + "; ".join(f"{r.suite}/{r.case}/{r.mode} {r.metric}={r.value}" for r in found.head(5).itertuples())
+        + " "
+        + " ".join(tails)
     )
     # no alarm row, and every child exited cleanly with rows: the flag decides, the row counts the alarms
-    report.verdict(flag_rule(ok, metric="false_alarms", value=len(found), threshold=0, detail=detail),
-                   case=f"correct-target-seed-{seed}", mode="all")
+    report.verdict(
+        flag_rule(ok, metric="false_alarms", value=len(found), threshold=0, detail=detail),
+        case=f"correct-target-seed-{seed}",
+        mode="all",
+    )
