@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,19 @@ DEVICES = ("cpu", "cuda")
 SIZES = ("tiny", "full")
 DTYPES = ("fp32", "bf16", "fp16")
 DEFAULT_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
+# Run ids (and case names, which name image directories) become path components: a letter or
+# digit first, then letters, digits, '.', '_', '-' (no '/', no '..' component, no hidden names).
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_id(run_id: str, option: str = "--run-id") -> str:
+    """`run_id` if it is a safe directory name, else a ValueError naming the option and the rule."""
+    if not SAFE_NAME.fullmatch(run_id):
+        raise ValueError(
+            f"{option} {run_id!r}: expected a plain directory name (a letter or digit, then letters, digits, "
+            "'.', '_' or '-'; at most 128 characters): a run id must not leave the report directory"
+        )
+    return run_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +69,28 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "report-dir",
         dict(default=None, metavar="DIR", help="directory that receives one run directory per run (default: ./reports/runs)"),
     ),
-    RunOption("run-id", dict(default=None, help="name of this run's directory (default: UTC timestamp + random suffix)")),
+    RunOption(
+        "run-id",
+        dict(
+            default=None,
+            help=(
+                "name of this run's directory (default: UTC timestamp + random suffix); letters, digits, '.', '_', '-'. "
+                "An existing run is refused unless --overwrite or --append"
+            ),
+        ),
+    ),
+    RunOption(
+        "overwrite",
+        dict(action="store_true", default=False, help="replace the run directory of --run-id if it already holds a run"),
+    ),
+    RunOption(
+        "append",
+        dict(
+            action="store_true",
+            default=False,
+            help="add this session's rows to the existing run of --run-id (same device, size, dtype, target and seed)",
+        ),
+    ),
     RunOption(
         "seed",
         dict(
@@ -116,6 +151,8 @@ def pytest_args(values: Mapping[str, Any]) -> list[str]:
         if option.kwargs.get("action") == "append":
             for item in value or ():
                 argv += [flag, str(item)]
+        elif option.kwargs.get("action") == "store_true":
+            argv += [flag] if value else []
         elif value is not None and value != option.kwargs.get("default"):
             argv += [flag, str(value)]
     return argv

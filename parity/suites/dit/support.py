@@ -31,6 +31,7 @@ from parity.cases import Table, load_case_file
 from parity.compare import Tolerance
 from parity.observe.compile_ledger import CompileLedger
 from parity.observe.regional import compile_repeated_blocks
+from parity.target import family_gap
 from reference_models.checkpoints import make_checkpoint
 from reference_models.dit.adapter import ReferenceDiT
 from reference_models.dit.checkpoint import random_state_dict
@@ -213,9 +214,10 @@ class DiTModels:
 
 
 def require_dit(target: Any) -> None:
-    missing = [name for name in ("load_dit", "build_dit") if not hasattr(target, name)]
-    if missing:
-        pytest.skip(f"target {target.name!r} has no DiT stage ({', '.join(missing)} missing)")
+    """Skip (with the reason `parity.target.family_gap` gives) a target that provides no DiT."""
+    reason = family_gap(target, "dit")
+    if reason:
+        pytest.skip(reason)
 
 
 def build_dit_models(target: Any, settings: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
