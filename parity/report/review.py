@@ -27,9 +27,12 @@ from parity.report.baseline import (
     allowance_used,
     compare_rows,
     default_baseline_path,
+    device_kind,
     format_comparison,
     load_rows,
     row_location,
+    run_config,
+    source_device_kind,
 )
 from parity.report.rows import (
     COMPLETE,
@@ -151,7 +154,15 @@ def load_review(
         else:
             review.baseline_note = f"no baseline for this device kind and dtype at {candidate}"
     if baseline is not None:
-        review.comparison = compare_rows(load_rows(baseline), frame, margin=margin, name=str(baseline))
+        rows = load_rows(baseline)
+        run_kind = None
+        if not frame.empty:
+            run_kind = device_kind(run_config(frame, str(run_dir))["device"], str(info.get("device_name", "")))
+            if run_kind == "cuda":  # no device name recorded: the kind is unknown
+                run_kind = None
+        review.comparison = compare_rows(
+            rows, frame, margin=margin, name=str(baseline), baseline_kind=source_device_kind(baseline, rows), run_kind=run_kind
+        )
     return review
 
 
