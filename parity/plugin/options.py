@@ -10,28 +10,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from parity.cases import check_safe_name
 
 PYTEST_PREFIX = "parity-"
 DEVICES = ("cpu", "cuda")
 SIZES = ("tiny", "full")
 DTYPES = ("fp32", "bf16", "fp16")
 DEFAULT_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
-# Run ids (and case names, which name image directories) become path components: a letter or
-# digit first, then letters, digits, '.', '_', '-' (no '/', no '..' component, no hidden names).
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def check_run_id(run_id: str, option: str = "--run-id") -> str:
-    """`run_id` if it is a safe directory name, else a ValueError naming the option and the rule."""
-    if not SAFE_NAME.fullmatch(run_id):
-        raise ValueError(
-            f"{option} {run_id!r}: expected a plain directory name (a letter or digit, then letters, digits, "
-            "'.', '_' or '-'; at most 128 characters): a run id must not leave the report directory"
-        )
-    return run_id
+    """`run_id` if it is a safe directory name (`parity.cases.SAFE_NAME`: it must not leave the
+    report directory), else a ValueError naming the option and the rule."""
+    return check_safe_name(run_id, option)
 
 
 @dataclasses.dataclass(frozen=True)
