@@ -57,14 +57,18 @@ class Range:
     finite: bool = True
 
     def text(self, of_length: bool) -> str:
-        what = "a length " if of_length else ""
+        what = "of length " if of_length else ""
         if self.low is not None and self.high is not None:
-            return f"{what}in [{self.low:g}, {self.high:g}]"
+            return f"{what}in [{_num(self.low)}, {_num(self.high)}]"
         if self.low is not None:
-            return f"{what}>= {self.low:g}"
+            return f"{what}>= {_num(self.low)}"
         if self.high is not None:
-            return f"{what}<= {self.high:g}"
+            return f"{what}<= {_num(self.high)}"
         return "any value"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 # Shared annotations of case fields. The upper bounds are sanity limits for case files, far above
@@ -157,7 +161,12 @@ def _convert(value: Any, tp: Any, where: str, *, finite: bool = True) -> Any:
     if origin is Annotated:
         base, *extras = typing.get_args(tp)
         ranges = [e for e in extras if isinstance(e, Range)]
-        converted = _convert(value, base, where, finite=all(r.finite for r in ranges))
+        try:
+            converted = _convert(value, base, where, finite=all(r.finite for r in ranges))
+        except _Mismatch as exc:
+            if exc.where != where:  # an item inside a list: its own message
+                raise
+            raise _Mismatch(where, _type_name(tp), exc.found) from None
         for bound in ranges:
             _check_range(converted, bound, tp, where)
         return converted

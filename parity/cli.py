@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from parity import env
-from parity.plugin.options import add_run_options, check_run_id, pytest_args
+from parity.plugin.options import add_run_options, check_run_id, check_seed, pytest_args
 from parity.plugin.session import RunDirError, claim_run_dir, probe_report_dir
 from parity.report import (
     COMPLETE,
@@ -180,12 +180,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     so a refused run leaves no directory behind."""
     import pytest
 
-    if args.run_id is not None:
-        try:
+    try:
+        if args.run_id is not None:
             check_run_id(args.run_id)
-        except ValueError as exc:
-            print(f"parity run: {exc}", file=sys.stderr)
-            return PYTEST_USAGE_ERROR
+        check_seed(args.seed)
+    except ValueError as exc:
+        print(f"parity run: {exc}", file=sys.stderr)
+        return PYTEST_USAGE_ERROR
     run_id = args.run_id or new_run_id()
     report_dir = Path(args.report_dir) if args.report_dir else DEFAULT_REPORT_DIR
     run_dir = report_dir / run_id
@@ -285,8 +286,7 @@ def cmd_review(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not review.complete and not args.allow_incomplete:
         print(
-            f"parity review: incomplete run: {review.incomplete[0]} (exit {EXIT_INCOMPLETE}; --allow-incomplete reviews its rows)",
-            file=sys.stderr,
+            f"parity review: the run is incomplete (exit {EXIT_INCOMPLETE}; --allow-incomplete reviews its rows)", file=sys.stderr
         )
         return EXIT_INCOMPLETE
     return EXIT_OK if review.ok else EXIT_FAILED

@@ -22,6 +22,16 @@ DTYPES = ("fp32", "bf16", "fp16")
 DEFAULT_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
 
 
+MAX_SEED_OFFSET = 2**31 - 1  # added to case seeds, which must stay in numpy's 32-bit range
+
+
+def check_seed(seed: int, option: str = "--seed") -> int:
+    """`seed` if it is a usable offset of every case seed (0 .. 2**31 - 1), else a ValueError."""
+    if not 0 <= seed <= MAX_SEED_OFFSET:
+        raise ValueError(f"{option} {seed}: expected an integer in [0, {MAX_SEED_OFFSET}]")
+    return seed
+
+
 def check_run_id(run_id: str, option: str = "--run-id") -> str:
     """`run_id` if it is a safe directory name (`parity.cases.SAFE_NAME`: it must not leave the
     report directory), else a ValueError naming the option and the rule."""

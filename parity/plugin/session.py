@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from parity import env
-from parity.plugin.options import DEFAULT_DTYPE, PYTEST_PREFIX, check_run_id
+from parity.plugin.options import DEFAULT_DTYPE, PYTEST_PREFIX, check_run_id, check_seed
 from parity.report import (
     COMPLETE,
     CRASHED,
@@ -121,6 +121,7 @@ class RunSession:
             try:
                 if run_id is not None:
                     check_run_id(run_id, f"--{PYTEST_PREFIX}run-id")
+                check_seed(option(config, "seed"), f"--{PYTEST_PREFIX}seed")
             except ValueError as exc:
                 raise pytest.UsageError(str(exc)) from None
             base = Path(option(config, "report_dir") or Path(config.invocation_params.dir) / DEFAULT_REPORT_DIR)

@@ -127,7 +127,7 @@ class Review:
             parts.append(f"{len(self.comparison.improvements)} improvement(s)")
         verdict = ("OK: " if self.ok else "FAILED: ") + ", ".join(parts)
         if not self.complete:
-            return f"INCOMPLETE RUN ({self.incomplete[0]}); of the {len(self.frame)} rows it wrote: {verdict}"
+            return f"INCOMPLETE RUN ({len(self.incomplete)} reason(s) above); of the {len(self.frame)} whole rows it wrote: {verdict}"
         return verdict
 
 

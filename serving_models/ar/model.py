@@ -243,25 +243,30 @@ def missing_mask_capture_error(layer_name: str) -> RuntimeError:
     )
 
 
+MASK_SHAPE_MESSAGE = "gen_token_mask: expected one torch.bool entry per row of hidden_states (shape hidden_states.shape[:-1])"
+
+
 def check_gen_token_mask(hidden_states: torch.Tensor, gen_token_mask: torch.Tensor) -> None:
     """The mask has one bool entry per row of `hidden_states` (`[..., hidden]` vs `[...]`).
 
     Without this a short mask leaves rows of the eager path's `torch.empty` output unwritten and
     broadcasts silently in the blend. Graph-safe: only shapes and the dtype are read, never a
-    device value, through `torch._check`, which raises at once on concrete shapes (eager, a
-    capture) and which Dynamo keeps as a guard or runtime assertion on symbolic ones.
+    device value. Outside a trace (eager, and a stream capture, which runs the Python with
+    concrete shapes) a plain check raises naming both shapes; under torch.compile `torch._check`
+    on the (symbolic) sizes becomes a guard or runtime assertion Dynamo keeps in the graph (its
+    message may hold no tensor, hence the fixed text).
     """
-
-    def message() -> str:
-        return (
+    if torch.compiler.is_compiling():
+        torch._check(gen_token_mask.dtype == torch.bool, lambda: MASK_SHAPE_MESSAGE)
+        torch._check(gen_token_mask.dim() == hidden_states.dim() - 1, lambda: MASK_SHAPE_MESSAGE)
+        for dim in range(gen_token_mask.dim()):
+            torch._check(gen_token_mask.shape[dim] == hidden_states.shape[dim], lambda: MASK_SHAPE_MESSAGE)
+        return
+    if gen_token_mask.dtype != torch.bool or tuple(gen_token_mask.shape) != tuple(hidden_states.shape[:-1]):
+        raise RuntimeError(
             f"gen_token_mask {tuple(gen_token_mask.shape)} {gen_token_mask.dtype}: expected one torch.bool entry per row "
             f"of hidden_states {tuple(hidden_states.shape)}, i.e. shape {tuple(hidden_states.shape[:-1])}"
         )
-
-    torch._check(gen_token_mask.dtype == torch.bool, message)
-    torch._check(gen_token_mask.dim() == hidden_states.dim() - 1, message)
-    for dim in range(gen_token_mask.dim()):
-        torch._check(gen_token_mask.shape[dim] == hidden_states.shape[dim], message)
 
 
 def moe_blend(
