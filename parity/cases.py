@@ -161,12 +161,8 @@ def _convert(value: Any, tp: Any, where: str, *, finite: bool = True) -> Any:
     if origin is Annotated:
         base, *extras = typing.get_args(tp)
         ranges = [e for e in extras if isinstance(e, Range)]
-        try:
-            converted = _convert(value, base, where, finite=all(r.finite for r in ranges))
-        except _Mismatch as exc:
-            if exc.where != where:  # an item inside a list: its own message
-                raise
-            raise _Mismatch(where, _type_name(tp), exc.found) from None
+        # A value of the wrong type says the type it needed; one of the right type out of range says the range.
+        converted = _convert(value, base, where, finite=all(r.finite for r in ranges))
         for bound in ranges:
             _check_range(converted, bound, tp, where)
         return converted

@@ -57,6 +57,7 @@ from parity.target import TargetError
 
 USAGE_ERRORS = pytest.StashKey[list[str]]()
 SIGNALS = pytest.StashKey[SignalWatch]()
+RESUMED = pytest.StashKey[dict[str, Any]]()  # run.json of an --parity-append'ed run before this session
 WORKER_USAGE_ERROR = "parity_usage_error"  # key of a worker's one-line usage error in its workeroutput
 
 
@@ -189,7 +190,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     if lanes.parity_session(config):
         _watch_signals(config)
-    config.stash[SESSION].resume(config)
+    resumed = config.stash[SESSION].resume(config)
+    if resumed is not None:
+        config.stash[RESUMED] = resumed
 
 
 @pytest.hookimpl(trylast=True)
@@ -200,16 +203,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _is_worker(config) or SESSION not in config.stash:
         return
     watch = config.stash.get(SIGNALS, None)
-    errors = config.stash.get(USAGE_ERRORS, [])
-    if errors:
+    try:
+        errors = config.stash.get(USAGE_ERRORS, [])
         for message in errors:
             print(f"ERROR: {message}", file=sys.stderr)
-        session.exitstatus = pytest.ExitCode.USAGE_ERROR
-    received = watch.received if watch is not None else None
-    stopped = str(session.shouldfail or session.shouldstop or "")
-    finish_run(config.stash[SESSION].run_dir, session.exitstatus, signal_name=received, stopped=stopped)
-    if watch is not None:
-        watch.restore()
+        if errors:
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        if session.exitstatus == pytest.ExitCode.USAGE_ERROR and RESUMED in config.stash:
+            config.stash[SESSION].restore(config.stash[RESUMED])  # refused before any test: the run is as it was
+            return
+        received = watch.received if watch is not None else None
+        stopped = str(session.shouldfail or session.shouldstop or "")
+        finish_run(config.stash[SESSION].run_dir, session.exitstatus, signal_name=received, stopped=stopped)
+    finally:
+        if watch is not None:
+            watch.restore()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -187,11 +187,12 @@ class RunSession:
         }
         return ReportWriter(self.run_dir, context, on_create=lambda run_dir: write_run_info(run_dir, self.run_info(config)))
 
-    def resume(self, config: pytest.Config) -> None:
+    def resume(self, config: pytest.Config) -> dict[str, Any] | None:
         """`--parity-append` to an existing run: its status goes back to running; the outcome of the
-        earlier session(s) is kept in `previous_sessions` (a review counts every one)."""
+        earlier session(s) is kept in `previous_sessions` (a review counts every one). Returns the
+        run.json as it was, so a session refused before any test can put it back (`restore`)."""
         if not self.append or not (self.run_dir / RUN_INFO_FILE).is_file():
-            return
+            return None
         info = read_run_info(self.run_dir)
         earlier = {k: info.get(k) for k in ("status", "started", "ended", "signal", "reason", "args") if k in info}
         update_run_info(
@@ -206,6 +207,11 @@ class RunSession:
             host=socket.gethostname(),
             args=list(config.invocation_params.args),
         )
+        return info
+
+    def restore(self, info: dict[str, Any]) -> None:
+        """Put back the run.json `resume` found (an appended session refused before any test)."""
+        write_run_info(self.run_dir, info)
 
 
 class RunDirError(ValueError):

@@ -535,9 +535,9 @@ def _outcome(record: dict[str, Any], old: pd.Series | None, new: pd.Series | Non
 
 def format_comparison(comparison: Comparison, *, limit: int = 20) -> str:
     """The comparison as terminal text: regressions, improvements, new and vanished cases, moves."""
-    compared = f" ({comparison.config})" if comparison.config else ""
+    compared = f" of {comparison.config}" if comparison.config else ""
     lines = [
-        f"baseline {comparison.baseline}{compared}: {comparison.matched} rows matched, margin {comparison.margin:.0%} of the bound"
+        f"baseline {comparison.baseline}: {comparison.matched} rows{compared} matched, margin {comparison.margin:.0%} of the bound"
     ]
     if comparison.suites_not_run:
         lines.append(f"  not compared (no rows in this run): {', '.join(comparison.suites_not_run)}")
