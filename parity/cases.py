@@ -4,18 +4,27 @@ A suite declares the shape of its tables as dataclasses; this module checks ever
 against the dataclass annotations (unknown key, missing field, wrong type, bad value) and names the
 file, the table, the case and the key in the error, with what was expected and what was found.
 Adding a case is adding a table row, not code.
+
+Values are range-checked too: every float must be finite (a NaN tolerance would pass every
+comparison, `err > nan` being false) unless its annotation says `AnyFloat`, and a field annotated
+`Annotated[int, Range(lo, hi)]` (or a list or string with a `Range` on its length) must lie in
+the range, so a typo'd step count or a huge sequence length is refused here, never left to hang a
+run. Case names become directory names (images of a case), so they must be plain names
+(`SAFE_NAME`); they are unique within a table.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import tomllib
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 T = TypeVar("T")
 
@@ -29,6 +38,59 @@ _extra_dirs: tuple[Path, ...] = ()
 
 class CaseFileError(ValueError):
     """A malformed case file; the message is one line naming file, table, key, expected, found."""
+
+
+# A case name (and a run id) becomes a path component: a letter or digit first, then letters,
+# digits, '.', '_', '-' (no '/', no '..' component, no hidden names), at most 128 characters.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SAFE_NAME_TEXT = "a plain name (a letter or digit, then letters, digits, '.', '_' or '-'; at most 128 characters)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """Bounds (inclusive) of a case value, in an `Annotated[...]` field: numbers are checked
+    themselves, lists and strings by their length. `finite=False` lets a float be NaN or +-inf
+    (routing logits do that on purpose)."""
+
+    low: float | None = None
+    high: float | None = None
+    finite: bool = True
+
+    def text(self, of_length: bool) -> str:
+        what = "of length " if of_length else ""
+        if self.low is not None and self.high is not None:
+            return f"{what}in [{_num(self.low)}, {_num(self.high)}]"
+        if self.low is not None:
+            return f"{what}>= {_num(self.low)}"
+        if self.high is not None:
+            return f"{what}<= {_num(self.high)}"
+        return "any value"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+# Shared annotations of case fields. The upper bounds are sanity limits for case files, far above
+# any case (the largest built-in: 64 decode steps, 2048 routing rows): a value past them is a typo
+# that would run for hours or exhaust memory. Family limits (latent sizes, prompt lengths) are
+# declared beside their tables.
+MAX_SEED = 2**32 - 1  # numpy's seed range; torch's is wider
+MAX_STEPS = 4096
+MAX_ROWS = 1 << 20
+Seed = Annotated[int, Range(0, MAX_SEED)]
+Steps = Annotated[int, Range(1, MAX_STEPS)]
+Count = Annotated[int, Range(0, MAX_ROWS)]  # rows, tokens, lengths: zero allowed
+Positive = Annotated[int, Range(1, MAX_ROWS)]
+NonNegative = Annotated[float, Range(0, None)]
+AnyFloat = Annotated[float, Range(finite=False)]
+
+
+def check_safe_name(name: str, what: str) -> str:
+    """`name` if it is a safe path component (`SAFE_NAME`), else a ValueError naming `what`."""
+    if not SAFE_NAME.fullmatch(name):
+        raise ValueError(f"{what} {name!r}: expected {SAFE_NAME_TEXT}")
+    return name
 
 
 def cases_dir() -> Path:
@@ -56,6 +118,11 @@ def case_path(name: str) -> Path:
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
+    if origin is Annotated:
+        base, *extras = typing.get_args(tp)
+        ranges = [e for e in extras if isinstance(e, Range)]
+        of_length = typing.get_origin(base) in (list, tuple) or base is str
+        return _type_name(base) + "".join(f" {r.text(of_length)}" for r in ranges if r.low is not None or r.high is not None)
     if tp is type(None):
         return "none"
     if origin is Literal:
@@ -87,16 +154,24 @@ class _Mismatch(Exception):
         self.where, self.expected, self.found = where, expected, found
 
 
-def _convert(value: Any, tp: Any, where: str) -> Any:
+def _convert(value: Any, tp: Any, where: str, *, finite: bool = True) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
         return value
+    if origin is Annotated:
+        base, *extras = typing.get_args(tp)
+        ranges = [e for e in extras if isinstance(e, Range)]
+        # A value of the wrong type says the type it needed; one of the right type out of range says the range.
+        converted = _convert(value, base, where, finite=all(r.finite for r in ranges))
+        for bound in ranges:
+            _check_range(converted, bound, tp, where)
+        return converted
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(tp):
             if option is type(None):
                 continue
             try:
-                return _convert(value, option, where)
+                return _convert(value, option, where, finite=finite)
             except _Mismatch:
                 continue
         raise _Mismatch(where, _type_name(tp), _found(value))
@@ -111,15 +186,15 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
                 raise _Mismatch(where, f"{_type_name(tp)} of length {len(args)}", _found(value))
-            return tuple(_convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+            return tuple(_convert(v, a, f"{where}[{i}]", finite=finite) for i, (v, a) in enumerate(zip(value, args)))
         item = args[0] if args else Any
-        items = [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        items = [_convert(v, item, f"{where}[{i}]", finite=finite) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         key_tp, value_tp = typing.get_args(tp)
         if not isinstance(value, dict):
             raise _Mismatch(where, _type_name(tp), _found(value))
-        return {_convert(k, key_tp, where): _convert(v, value_tp, f"{where}.{k}") for k, v in value.items()}
+        return {_convert(k, key_tp, where): _convert(v, value_tp, f"{where}.{k}", finite=finite) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise _Mismatch(where, _type_name(tp), _found(value))
@@ -127,6 +202,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _Mismatch(where, "float", _found(value))
+        if finite and not math.isfinite(value):
+            raise _Mismatch(where, "a finite float", _found(value))
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -139,12 +216,24 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     raise TypeError(f"case schema uses an unsupported annotation {tp!r} at {where}")
 
 
+def _check_range(value: Any, bound: Range, tp: Any, where: str) -> None:
+    of_length = isinstance(value, (list, tuple, str))
+    measured = len(value) if of_length else value
+    if isinstance(measured, (int, float)) and (math.isnan(measured) and not bound.finite):
+        return  # a NaN where NaN is allowed has no place in a range
+    low_ok = bound.low is None or measured >= bound.low
+    high_ok = bound.high is None or measured <= bound.high
+    if not (low_ok and high_ok):
+        found = f"length {measured}" if of_length else _found(value)
+        raise _Mismatch(where, _type_name(tp), found)
+
+
 def _join(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
 def _build(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in data if k not in fields]
     if unknown:
@@ -221,9 +310,20 @@ def _extend(loaded: dict[str, Any], extra: dict[str, Any], schema: Mapping[str, 
 def _load_one(path: Path, schema: Mapping[str, Table], *, partial: bool) -> dict[str, Any]:
     label = _label(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        data = path.read_bytes()
     except FileNotFoundError:
         raise CaseFileError(f"{label}: case file not found") from None
+    except OSError as exc:
+        raise CaseFileError(f"{label}: cannot read the case file ({exc.strerror or type(exc).__name__})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise CaseFileError(
+            f"{label}: not UTF-8 text (line {line}: byte {data[exc.start : exc.start + 1]!r}); TOML files are UTF-8"
+        ) from None
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise CaseFileError(f"{label}: invalid TOML: {exc}") from None
     unknown = [k for k in raw if k not in schema]
@@ -267,6 +367,8 @@ def _load_table(label: str, name: str, value: Any, table: Table) -> Any:
                 case = item.get("name", f"#{i}") if isinstance(item, dict) else f"#{i}"
                 where = f"[{name}] case {case!r}"
                 record = _build(table.record, _need(item, dict, "a table"))
+                if isinstance(getattr(record, "name", None), str) and not SAFE_NAME.fullmatch(record.name):
+                    raise _Mismatch("name", SAFE_NAME_TEXT, _found(record.name))
                 if case in seen:
                     raise _Mismatch("name", "a unique case name", f"a duplicate {case!r}")
                 seen.add(case)

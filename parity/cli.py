@@ -17,13 +17,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from parity import env
-from parity.plugin.options import add_run_options, plugin_load_args, pytest_args
-from parity.report import ReportError, format_summary, mutation_score, new_run_id, outcome, read_results
+from parity.plugin.options import add_run_options, check_run_id, check_seed, plugin_load_args, pytest_args
+from parity.plugin.session import RunDirError, claim_run_dir, probe_report_dir
+from parity.report import (
+    COMPLETE,
+    ReportError,
+    format_summary,
+    mutation_score,
+    new_run_id,
+    outcome,
+    read_results,
+    read_run_info,
+)
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 DEFAULT_REPORT_DIR = Path("reports") / "runs"  # relative to the directory parity runs in
 CHECKPOINT_MAKER = "reference_models.checkpoints:make_checkpoint"
-PYTEST_NO_TESTS = 5
+PYTEST_INTERRUPTED, PYTEST_USAGE_ERROR, PYTEST_NO_TESTS = 2, 4, 5
 
 
 def _add_run_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,7 +89,10 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
             "<device kind>-<dtype>.csv, e.g. cpu-fp32.csv, h200-bf16.csv) or --baseline, and write RUN_DIR/index.html. "
             "A gate row is a regression when its verdict went to fail/error, its bound was loosened, or it uses "
             "more than MARGIN more of its bound than in the baseline; a vanished gate row fails too; info rows never do. "
-            "Exit 0: clean; 1: a failing row, a regression or a vanished gate row; 2: unreadable run or unusable baseline."
+            "A run that did not complete (run.json status interrupted, crashed, running or none; records of results.csv "
+            "cut short) is said first and exits 3 unless --allow-incomplete; its whole rows are reviewed either way. "
+            "Exit 0: clean; 1: a failing row, a regression or a vanished gate row; 2: unreadable run (no rows) or unusable "
+            "baseline; 3: incomplete run."
         ),
     )
     review.add_argument(
@@ -119,6 +132,11 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
     review.add_argument(
         "--all", action="store_true", dest="show_all", help="list passing gate rows too, not just failing and tie-flip ones"
     )
+    review.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="review an interrupted, crashed or torn run by its rows (exit 0/1) instead of exiting 3",
+    )
     review.set_defaults(func=cmd_review)
 
 
@@ -156,21 +174,49 @@ def pytest_args_for_run(args: argparse.Namespace, run_id: str) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Run the suites through pytest in this process. Options pytest refuses (an unknown suite, a
+    target that does not resolve, an existing run id) end it with pytest's one `ERROR:` line and
+    exit status 4. The run directory and its `run.json` are made by the plugin at the first row
+    (status `running`) and its end recorded there; this command writes nothing before pytest starts,
+    so a refused run leaves no directory behind."""
     import pytest
 
+    try:
+        if args.run_id is not None:
+            check_run_id(args.run_id)
+        check_seed(args.seed)
+    except ValueError as exc:
+        print(f"parity run: {exc}", file=sys.stderr)
+        return PYTEST_USAGE_ERROR
     run_id = args.run_id or new_run_id()
     report_dir = Path(args.report_dir) if args.report_dir else DEFAULT_REPORT_DIR
     run_dir = report_dir / run_id
+    try:
+        claim_run_dir(run_dir, overwrite=args.overwrite, append=args.append, prefix="")
+        probe_report_dir(report_dir, "--report-dir")
+    except (RunDirError, OSError) as exc:
+        print(f"parity run: {exc}", file=sys.stderr)
+        return PYTEST_USAGE_ERROR
     argv = pytest_args_for_run(args, run_id)
     env.select_cpu_kernels()  # before pytest imports anything that runs a kernel (docs/cpu-kernels.md)
     print(f"parity run: {run_dir}\n  pytest {' '.join(argv)}", flush=True)
     code = int(pytest.main(argv))
+    if code == PYTEST_USAGE_ERROR:
+        return code  # pytest printed the one ERROR line
     if code == PYTEST_NO_TESTS:
         print(f"parity run: no tests were selected (pytest exit code 5) for {' '.join(argv)}", file=sys.stderr)
         return PYTEST_NO_TESTS
     if not (run_dir / "results.csv").exists():
         print(f"parity run: no report rows were written (pytest exit code {code}); see the output above", file=sys.stderr)
         return code or 1
+    info = read_run_info(run_dir)
+    if info.get("status") != COMPLETE:
+        how = info.get("signal") or info.get("reason") or "no end recorded"
+        print(
+            f"parity run: the run is {info.get('status', 'unknown')} ({how}): the summary below covers the rows written "
+            f"before it stopped; run.json says so and `parity review` will too",
+            file=sys.stderr,
+        )
     result = outcome(run_dir)
     print("\nparity summary")
     print(format_summary(result.summary))
@@ -189,13 +235,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not result.ok:
         print(f"parity run: {result.failed_cases} case(s) failed or errored", file=sys.stderr)
         return code or 1
+    if info.get("status") != COMPLETE:
+        return code or PYTEST_INTERRUPTED
     return code
 
 
 def cmd_review(args: argparse.Namespace) -> int:
     from parity.report.baseline import BaselineError, default_baseline_path, write_baseline
     from parity.report.page import write_page
-    from parity.report.review import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, format_review, latest_run_dir, load_review
+    from parity.report.review import (
+        EXIT_FAILED,
+        EXIT_INCOMPLETE,
+        EXIT_OK,
+        EXIT_UNUSABLE,
+        format_review,
+        latest_run_dir,
+        load_review,
+    )
 
     try:
         run_dir = args.run_dir or latest_run_dir(DEFAULT_REPORT_DIR)
@@ -207,11 +263,19 @@ def cmd_review(args: argparse.Namespace) -> int:
             # Regenerating for a new configuration: there is nothing valid to compare with yet.
             print(f"parity review: not compared with the old baseline: {exc}")
             review = load_review(run_dir, use_default_baseline=False)
-    except (FileNotFoundError, ReportError, BaselineError, ValueError) as exc:
+    except (OSError, ReportError, BaselineError, ValueError) as exc:
         print(f"parity review: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if review.frame.empty:
+        for problem in review.incomplete:
+            print(f"parity review: {problem}", file=sys.stderr)
+        print(f"parity review: {run_dir / 'results.csv'}: no rows to review", file=sys.stderr)
         return EXIT_UNUSABLE
     print(format_review(review, show_all=args.show_all))
     print(f"review page: {write_page(review)}")
+    if args.write_baseline is not None and not review.complete:
+        print(f"parity review: refusing to write a baseline from an incomplete run ({review.incomplete[0]})", file=sys.stderr)
+        return EXIT_INCOMPLETE
     if args.write_baseline is not None:
         target = Path(args.write_baseline) if args.write_baseline else default_baseline_path(run_dir, review.frame)
         try:
@@ -221,6 +285,11 @@ def cmd_review(args: argparse.Namespace) -> int:
             return EXIT_FAILED
         print(f"wrote baseline {written} ({len(review.frame)} rows): the comparison above is what it accepts")
         return EXIT_OK
+    if not review.complete and not args.allow_incomplete:
+        print(
+            f"parity review: the run is incomplete (exit {EXIT_INCOMPLETE}; --allow-incomplete reviews its rows)", file=sys.stderr
+        )
+        return EXIT_INCOMPLETE
     return EXIT_OK if review.ok else EXIT_FAILED
 
 

@@ -2,8 +2,11 @@
 
 `serving` (the built-in serving-style models) and `reference` (the upstream-faithful models: a
 valid, trivially passing run) are names for factories in the model packages; anything else is
-`package.module:factory`, a zero-argument callable returning a target object. The harness imports
-the factory by name only when a suite asks for the target, so `parity/` itself imports no model.
+`package.module:factory`, a zero-argument callable returning a target object. The plugin resolves
+the target once per session, up front (`resolve_target`: one `TargetError` line on any failure),
+as soon as a parity test is selected, so `parity/` itself imports no model and a bad `--target`
+stops the run before any test. Resolving imports and runs the named module: point it only at code
+you trust. A family the target does not provide (`FAMILIES`) has its suites skipped with a reason.
 """
 
 from __future__ import annotations
@@ -19,33 +22,76 @@ BUILTIN_TARGETS = {
 
 
 class TargetError(RuntimeError):
-    """`--target` names something that cannot be loaded; the message says what and why."""
+    """`--target` names something that cannot be loaded; the message is one line saying what and why."""
 
 
-def factory_path(spec: str) -> str:
+def _one_line(exc: BaseException) -> str:
+    text = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def factory_path(spec: str, option: str = "--target") -> str:
     """`serving` -> `serving_models.target:make_target`; `pkg.mod:fn` is returned unchanged."""
     if spec in BUILTIN_TARGETS:
         return BUILTIN_TARGETS[spec]
-    if ":" not in spec:
-        raise TargetError(f"--target {spec!r}: expected one of {', '.join(BUILTIN_TARGETS)} or 'package.module:factory'")
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr or not all(part.isidentifier() for part in (*module_name.split("."), attr)):
+        raise TargetError(f"{option} {spec!r}: expected one of {', '.join(BUILTIN_TARGETS)} or 'package.module:factory'")
     return spec
 
 
-def load_target(spec: str) -> Any:
-    """Import and call the target factory named by `spec`; the object it returns is the target."""
-    path = factory_path(spec)
+def resolve_target(spec: str, option: str = "--target") -> Any:
+    """Import and call the target factory named by `spec` and check what it returned: the object
+    is the target. Every failure (no such module, an exception while importing it or in the
+    factory, no callable, no `name`) is one `TargetError` line naming the option and the spec.
+    Called once per session, up front, by the plugin; note that it runs the named module's code."""
+    path = factory_path(spec, option)
     module_name, _, attr = path.partition(":")
+    where = f"{option} {spec!r}"
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise TargetError(f"--target {spec!r}: cannot import module {module_name!r}: {exc}") from exc
+        raise TargetError(f"{where}: cannot import module {module_name!r} ({_one_line(exc)})") from None
+    except Exception as exc:  # the module's own code raised while importing
+        raise TargetError(f"{where}: importing module {module_name!r} raised {_one_line(exc)}") from None
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
-        raise TargetError(f"--target {spec!r}: module {module_name!r} has no callable {attr!r}")
-    target = factory()
-    if not getattr(target, "name", None):
-        raise TargetError(f"--target {spec!r}: the factory returned {type(target).__name__} without a 'name'")
+        found = "nothing" if factory is None else type(factory).__name__
+        raise TargetError(f"{where}: module {module_name!r} has no callable {attr!r} (found {found})")
+    try:
+        target = factory()
+    except Exception as exc:
+        raise TargetError(f"{where}: the factory {path} raised {_one_line(exc)}") from None
+    if not isinstance(getattr(target, "name", None), str) or not target.name:
+        raise TargetError(f"{where}: the factory returned {type(target).__name__} without a 'name' (expected a non-empty str)")
     return target
+
+
+def load_target(spec: str) -> Any:
+    """`resolve_target` under its older name (the rank processes and fork children call it)."""
+    return resolve_target(spec)
+
+
+# The model families a target may provide, the members that provide each, and what a report
+# calls it: a target without them gets that family's suites skipped with this reason.
+FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ar": ("AR backbone", ("load_ar", "build_ar")),
+    "dit": ("DiT", ("load_dit", "build_dit")),
+    "routing": ("router", ("router",)),
+}
+
+
+def family_gap(target: Any, family: str) -> str | None:
+    """Why `target` cannot run the suites of `family` (a skip reason naming the missing members),
+    or None when it provides the family (or the family needs nothing of a target)."""
+    if family not in FAMILIES:
+        return None
+    what, members = FAMILIES[family]
+    missing = [name for name in members if not callable(getattr(target, name, None))]
+    if not missing:
+        return None
+    name = getattr(target, "name", type(target).__name__)
+    return f"target {name!r} provides no {what} (no {', '.join(missing)}): the {family} suites do not apply"
 
 
 # ---------------------------------------------------------------------------------------------

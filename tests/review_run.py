@@ -45,10 +45,10 @@ def make_tiny_run(report_dir: Path, run_id: str = "tiny") -> TinyRun:
     else:
         runs = [
             base + [arg for suite in PAGE_SUITES for arg in ("--suite", suite)] + ["-n", "2"],
-            base + ["--suite", "sensitivity", "--", "-k", f"test_mutant_is_killed and {SENSITIVITY_SAMPLE}"],
+            base + ["--append", "--suite", "sensitivity", "--", "-k", f"test_mutant_is_killed and {SENSITIVITY_SAMPLE}"],
         ]
     stdout = ""
-    for args in runs:  # the second run appends its rows to the same run directory
+    for args in runs:  # the second run appends its rows to the same run directory (--append)
         result = run_parity(args, timeout=900)
         stdout += result.stdout
         if result.returncode != 0:

@@ -145,9 +145,14 @@ def diff(
     topk: int = 5,
     equal_nan: bool = False,
 ) -> TensorDiff:
-    """Measure `cand` against `ref`. Shapes must match; dtypes may differ (compared in fp64)."""
+    """Measure `cand` against `ref`. Shapes must match; floating dtypes may differ (compared in
+    fp64), but a floating side against an integer or bool one is a wrong-dtype output, refused."""
     if tuple(ref.shape) != tuple(cand.shape):
         raise ValueError(f"{name}: shape mismatch: reference {tuple(ref.shape)} vs candidate {tuple(cand.shape)}")
+    if ref.is_floating_point() != cand.is_floating_point():
+        raise ValueError(
+            f"{name}: dtype mismatch: reference {ref.dtype} vs candidate {cand.dtype} (floating against non-floating)"
+        )
     shape = tuple(ref.shape)
     numel = ref.numel()
     is_float = ref.is_floating_point() or cand.is_floating_point()

@@ -8,6 +8,7 @@ or `measured` in the same run). Report rows are written from verdicts (`parity.r
 from __future__ import annotations
 
 import dataclasses
+import math
 
 # Verdict values of a report row (README "Reports"). `not_applicable`: the check cannot apply to
 # this target or lane (the reason is in the detail); it is neither a pass nor a failure.
@@ -31,8 +32,9 @@ class Tolerance:
     reason: str
 
     def __post_init__(self) -> None:
-        if self.atol < 0 or self.rtol < 0:
-            raise ValueError(f"tolerance must be non-negative, got atol={self.atol} rtol={self.rtol}")
+        # `not 0 <= x < inf` also refuses NaN: `err > nan` is False, so a NaN bound would pass everything.
+        if not (0 <= self.atol < math.inf and 0 <= self.rtol < math.inf):
+            raise ValueError(f"tolerance must be finite and non-negative, got atol={self.atol} rtol={self.rtol}")
         if not self.reason.strip():
             raise ValueError("a tolerance needs a stated reason")
 

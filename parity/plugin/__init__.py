@@ -7,10 +7,17 @@ tests the plugin acts on, threads, GPU pinning). The plugin turns a recorded fai
 failed test, a check that raised into an `error` row and a failed setup into an `error` row, so
 the CSV holds every outcome. Under pytest-xdist the controller chooses the run directory and hands
 it to the workers; every process appends to the same `results.csv` (see `parity.report`).
+
+Mistakes in the options stop the session before any test with one `ERROR:` line and exit status
+4: the target is resolved once, up front, as soon as a parity test is selected; an unknown
+`--parity-suite` names the suites that exist. Under xdist a worker cannot stop the session by
+itself, so it selects nothing and hands its line to the controller, which prints it. The process
+that runs the session records its end in `run.json` (`session.finish_run`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,8 +41,24 @@ from parity.plugin.report_fixture import (  # noqa: F401 - fixtures are found in
     settings,
     target,
 )
-from parity.plugin.session import WORKER_RUN_DIR, RunSession, option
+from parity.plugin.session import (
+    WORKER_CONTROLLER_PID,
+    WORKER_RUN_DIR,
+    RunDirError,
+    RunSession,
+    SignalWatch,
+    finish_run,
+    option,
+    probe_report_dir,
+    session_target,
+)
 from parity.report import RESULTS_FILE, format_summary, read_results, summarize
+from parity.target import TargetError
+
+USAGE_ERRORS = pytest.StashKey[list[str]]()
+SIGNALS = pytest.StashKey[SignalWatch]()
+RESUMED = pytest.StashKey[dict[str, Any]]()  # run.json of an --parity-append'ed run before this session
+WORKER_USAGE_ERROR = "parity_usage_error"  # key of a worker's one-line usage error in its workeroutput
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,10 +73,29 @@ class _XdistHooks:
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[WORKER_RUN_DIR] = str(self.config.stash[SESSION].run_dir)
+        node.workerinput[WORKER_CONTROLLER_PID] = self.config.stash[SESSION].controller_pid
+
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        message = getattr(node, "workeroutput", {}).get(WORKER_USAGE_ERROR)
+        errors = self.config.stash.setdefault(USAGE_ERRORS, [])
+        if message and message not in errors:
+            errors.append(message)
 
 
 def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
+
+
+def usage_error(config: pytest.Config, message: str, items: list[pytest.Item]) -> None:
+    """Stop the session before any test with one line: a `pytest.UsageError` (pytest prints
+    `ERROR: <message>`, exit status 4); in an xdist worker, where that would be an INTERNALERROR,
+    select nothing and hand the line to the controller (`pytest_testnodedown`, `pytest_sessionfinish`)."""
+    if _is_worker(config):
+        config.workeroutput[WORKER_USAGE_ERROR] = message
+        config.hook.pytest_deselected(items=list(items))
+        items.clear()
+        return
+    raise pytest.UsageError(message)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -81,8 +123,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     or runs under `parity_scope = all`), and a note whenever parity capped oneDNN."""
     kernels = env.cpu_kernels()
     lines = [f"parity: {kernels['note']}"] if "note" in kernels else []
-    parity_session = lanes.scope(config) == "all" or any(str(a).startswith("--parity-") for a in config.invocation_params.args)
-    if option(config, "device") == "cpu" and parity_session:
+    if option(config, "device") == "cpu" and lanes.parity_session(config):
         chosen = " ".join(f"{k}={v}" for k, v in kernels.items() if k in env.CPU_KERNEL_ENV and v)
         line = f"parity: CPU kernels {kernels['cpu_capability']}, {lanes.cpu_threads()} thread(s)" + (
             f"; {chosen}" if chosen else ""
@@ -97,6 +138,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     session = config.stash[SESSION]
     lanes.mark_lanes(items, session.device)
     wanted = set(session.suites)
+    known = {lanes.suite_of(item) for item in items} - {None}
+    unknown = sorted(wanted - known)
+    if unknown:
+        listed = ", ".join(sorted(known)) or "none (no parity test was collected)"
+        usage_error(
+            config,
+            f"--parity-suite {', '.join(map(repr, unknown))}: no such suite among the collected tests; suites: {listed}",
+            items,
+        )
+        return
     if wanted:
         keep, drop = [], []
         for item in items:
@@ -106,6 +157,67 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = keep
     if session.device == "cpu" and any(lanes.is_parity_test(item) for item in items):
         lanes.set_cpu_threads()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Resolve the target once, up front, when a parity test is selected, and make sure the report
+    directory can be written: a bad `--parity-target` or `--parity-report-dir` is one line before
+    any test runs, never one traceback per test or an INTERNALERROR at the first row."""
+    if any(lanes.is_parity_test(item) for item in session.items):
+        try:
+            session_target(session.config)
+            probe_report_dir(session.config.stash[SESSION].run_dir.parent, "--parity-report-dir")
+        except (TargetError, RunDirError) as exc:
+            usage_error(session.config, str(exc), session.items)
+            return
+        _watch_signals(session.config)
+
+
+def _watch_signals(config: pytest.Config) -> None:
+    """In the process that records the run's end (not an xdist worker), once per session."""
+    if not _is_worker(config) and SIGNALS not in config.stash:
+        watch = SignalWatch()
+        watch.install()
+        config.stash[SIGNALS] = watch
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A parity session watches for SIGINT / SIGTERM from the start (the xdist controller collects
+    nothing itself); an appended run goes back to `running`."""
+    config = session.config
+    if _is_worker(config) or SESSION not in config.stash:
+        return
+    if lanes.parity_session(config):
+        _watch_signals(config)
+    resumed = config.stash[SESSION].resume(config)
+    if resumed is not None:
+        config.stash[RESUMED] = resumed
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Record the run's end in run.json (the controller, or the only process) and print the one
+    line of a worker's usage error."""
+    config = session.config
+    if _is_worker(config) or SESSION not in config.stash:
+        return
+    watch = config.stash.get(SIGNALS, None)
+    try:
+        errors = config.stash.get(USAGE_ERRORS, [])
+        for message in errors:
+            print(f"ERROR: {message}", file=sys.stderr)
+        if errors:
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        if session.exitstatus == pytest.ExitCode.USAGE_ERROR and RESUMED in config.stash:
+            config.stash[SESSION].restore(config.stash[RESUMED])  # refused before any test: the run is as it was
+            return
+        received = watch.received if watch is not None else None
+        stopped = str(session.shouldfail or session.shouldstop or "")
+        finish_run(config.stash[SESSION].run_dir, session.exitstatus, signal_name=received, stopped=stopped)
+    finally:
+        if watch is not None:
+            watch.restore()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -54,6 +54,12 @@ def scope(config: pytest.Config) -> str:
     return value
 
 
+def parity_session(config: pytest.Config) -> bool:
+    """Whether the session is a parity one before anything is collected: `parity_scope = all`, or
+    a `--parity-*` option on the command line (`parity run` always passes one)."""
+    return scope(config) == "all" or any(str(a).startswith("--parity-") for a in config.invocation_params.args)
+
+
 def is_parity_test(item: pytest.Item) -> bool:
     """Whether the plugin acts on `item` (see the module docstring)."""
     return suite_of(item) is not None or scope(item.config) == "all"

@@ -13,12 +13,30 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from parity.cases import check_safe_name
+
 PYTEST_PREFIX = "parity-"
 ENTRY_POINT = ("parity", "parity.plugin")  # the pytest11 entry point: name, module
 DEVICES = ("cpu", "cuda")
 SIZES = ("tiny", "full")
 DTYPES = ("fp32", "bf16", "fp16")
 DEFAULT_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
+
+
+MAX_SEED_OFFSET = 2**31 - 1  # added to case seeds, which must stay in numpy's 32-bit range
+
+
+def check_seed(seed: int, option: str = "--seed") -> int:
+    """`seed` if it is a usable offset of every case seed (0 .. 2**31 - 1), else a ValueError."""
+    if not 0 <= seed <= MAX_SEED_OFFSET:
+        raise ValueError(f"{option} {seed}: expected an integer in [0, {MAX_SEED_OFFSET}]")
+    return seed
+
+
+def check_run_id(run_id: str, option: str = "--run-id") -> str:
+    """`run_id` if it is a safe directory name (`parity.cases.SAFE_NAME`: it must not leave the
+    report directory), else a ValueError naming the option and the rule."""
+    return check_safe_name(run_id, option)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +74,28 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "report-dir",
         dict(default=None, metavar="DIR", help="directory that receives one run directory per run (default: ./reports/runs)"),
     ),
-    RunOption("run-id", dict(default=None, help="name of this run's directory (default: UTC timestamp + random suffix)")),
+    RunOption(
+        "run-id",
+        dict(
+            default=None,
+            help=(
+                "name of this run's directory (default: UTC timestamp + random suffix); letters, digits, '.', '_', '-'. "
+                "An existing run is refused unless --overwrite or --append"
+            ),
+        ),
+    ),
+    RunOption(
+        "overwrite",
+        dict(action="store_true", default=False, help="replace the run directory of --run-id if it already holds a run"),
+    ),
+    RunOption(
+        "append",
+        dict(
+            action="store_true",
+            default=False,
+            help="add this session's rows to the existing run of --run-id (same device, size, dtype, target and seed)",
+        ),
+    ),
     RunOption(
         "seed",
         dict(
@@ -117,6 +156,8 @@ def pytest_args(values: Mapping[str, Any]) -> list[str]:
         if option.kwargs.get("action") == "append":
             for item in value or ():
                 argv += [flag, str(item)]
+        elif option.kwargs.get("action") == "store_true":
+            argv += [flag] if value else []
         elif value is not None and value != option.kwargs.get("default"):
             argv += [flag, str(value)]
     return argv

@@ -12,7 +12,7 @@ import pytest
 
 from parity.compare import ERROR, FAIL, PASS, TensorDiff, TreeDiff, Verdict
 from parity.plugin.lanes import is_parity_test, suite_of
-from parity.plugin.session import RunSession
+from parity.plugin.session import RunSession, session_target
 from parity.report import ReportWriter
 
 SESSION = pytest.StashKey[RunSession]()
@@ -183,11 +183,10 @@ def device(settings: RunSession) -> Any:
 
 
 @pytest.fixture(scope="session")
-def target(settings: RunSession) -> Any:
-    """The implementation under test, resolved from --parity-target (see parity.target)."""
-    from parity.target import load_target
-
-    return load_target(settings.target)
+def target(pytestconfig: pytest.Config) -> Any:
+    """The implementation under test, resolved once from --parity-target (see parity.target); the
+    plugin resolves it up front when the session selects a parity test."""
+    return session_target(pytestconfig)
 
 
 @pytest.fixture(autouse=True)

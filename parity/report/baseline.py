@@ -122,6 +122,26 @@ def run_config(frame: pd.DataFrame, where: str) -> dict[str, str]:
     return {column: _single(frame, column, where) for column in CONFIG_COLUMNS}
 
 
+def source_device_kind(source: str | Path, frame: pd.DataFrame) -> str | None:
+    """The device kind a baseline was made on: from the rows when their device is the CPU, from a
+    run directory's run.json, from a CSV in a `baselines/` directory named `<device kind>-<dtype>.csv`
+    (the committed baselines' convention) whose rows have that dtype; None when it cannot be told."""
+    source = Path(source)
+    if frame.empty:
+        return None
+    config = run_config(frame, str(source))
+    if config["device"] != "cuda":
+        return device_kind(config["device"])
+    if source.is_dir():
+        name = str(read_run_info(source).get("device_name", ""))
+        return device_kind("cuda", name) if name else None
+    if source.parent.name != BASELINE_DIR.name:
+        return None
+    stem = source.name.removesuffix(".gz").removesuffix(".csv")
+    kind, _, dtype = stem.rpartition("-")
+    return kind if kind and dtype == config["dtype"] else None
+
+
 def default_baseline_path(run_dir: str | Path, frame: pd.DataFrame, baseline_dir: Path = BASELINE_DIR) -> Path:
     """`reports/baselines/<device kind>-<dtype>.csv` (of the working directory) for the run in `run_dir`."""
     config = run_config(frame, str(run_dir))
@@ -234,6 +254,7 @@ class Comparison:
     suites_not_run: list[str]
     matched: int
     info_moves: pd.DataFrame = dataclasses.field(default_factory=lambda: pd.DataFrame(columns=OUTCOME_COLUMNS))
+    config: str = ""  # the configuration both sides share (what was compared)
 
     def large_info_moves(self) -> pd.DataFrame:
         """Info rows that moved by more than `INFO_LIST_FACTOR`, or to / from a non-finite value."""
@@ -380,17 +401,39 @@ def _direction(old: float, new: float, better: str) -> str:
     return "worse" if worse else "better"
 
 
-def compare_rows(baseline: pd.DataFrame, current: pd.DataFrame, *, margin: float = DEFAULT_MARGIN, name: str = "") -> Comparison:
-    """Direction-aware comparison of a run's rows with a baseline's (see the module docstring)."""
+def compare_rows(
+    baseline: pd.DataFrame,
+    current: pd.DataFrame,
+    *,
+    margin: float = DEFAULT_MARGIN,
+    name: str = "",
+    baseline_kind: str | None = None,
+    run_kind: str | None = None,
+) -> Comparison:
+    """Direction-aware comparison of a run's rows with a baseline's (see the module docstring).
+
+    A baseline is valid for one configuration: one device, dtype, size and target in its rows (and,
+    where both are known, one device kind: an H200 baseline does not judge an A100 run); another
+    one, or a baseline without rows, is a BaselineError, never a silent comparison."""
     if not margin >= 0:
         raise ValueError(f"margin must be a non-negative fraction of the bound, got {margin!r}")
-    if not baseline.empty and not current.empty:
+    config_text = ""
+    if baseline.empty:
+        raise BaselineError(f"baseline {name or ''}: no rows (nothing to compare with)")
+    if not current.empty:
         old_config, new_config = run_config(baseline, name or "baseline"), run_config(current, "run")
         if old_config != new_config:
             raise BaselineError(
                 f"baseline {name or ''} was made for {_config_text(old_config)}, this run is {_config_text(new_config)}: "
                 "pass --baseline for this configuration or write one with --write-baseline"
             )
+        if baseline_kind and run_kind and baseline_kind != run_kind:
+            raise BaselineError(
+                f"baseline {name or ''} was made on device kind {baseline_kind}, this run on {run_kind} "
+                f"({_config_text(new_config)}): pass --baseline for this device or write one with --write-baseline"
+            )
+        kind = f" ({run_kind or baseline_kind or 'device kind unknown'})" if new_config["device"] == "cuda" else ""
+        config_text = _config_text(new_config).replace(f"device={new_config['device']}", f"device={new_config['device']}{kind}")
     suites_run = set(current["suite"])
     not_run = sorted(set(baseline["suite"]) - suites_run)
     old = _keyed(baseline[baseline["suite"].isin(suites_run)])
@@ -452,6 +495,7 @@ def compare_rows(baseline: pd.DataFrame, current: pd.DataFrame, *, margin: float
     frames = {k: pd.DataFrame(v, columns=OUTCOME_COLUMNS) for k, v in buckets.items()}
     return Comparison(
         baseline=name,
+        config=config_text,
         margin=margin,
         regressions=frames["regression"],
         improvements=frames["improvement"],
@@ -491,7 +535,10 @@ def _outcome(record: dict[str, Any], old: pd.Series | None, new: pd.Series | Non
 
 def format_comparison(comparison: Comparison, *, limit: int = 20) -> str:
     """The comparison as terminal text: regressions, improvements, new and vanished cases, moves."""
-    lines = [f"baseline {comparison.baseline}: {comparison.matched} rows matched, margin {comparison.margin:.0%} of the bound"]
+    compared = f" of {comparison.config}" if comparison.config else ""
+    lines = [
+        f"baseline {comparison.baseline}: {comparison.matched} rows{compared} matched, margin {comparison.margin:.0%} of the bound"
+    ]
     if comparison.suites_not_run:
         lines.append(f"  not compared (no rows in this run): {', '.join(comparison.suites_not_run)}")
     for title, frame in (

@@ -625,7 +625,7 @@ def navigation(views: Sequence[SuiteView], suites: Sequence[str]) -> str:
 def render_page(review: Review) -> str:
     """The page's HTML; figures are written under `run_dir/review/` as a side effect."""
     assets = Assets(review.run_dir)
-    status_class = "ok" if review.ok else "failed"
+    status_class = "ok" if review.ok and review.complete else "failed"
     info = review.info
     config = " ".join(
         f"{k}={info.get(k)}" for k in ("target", "device", "device_name", "dtype", "size", "git_sha", "torch") if info.get(k)

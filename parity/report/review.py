@@ -1,12 +1,19 @@
 """Reviewing a run: what failed (failing rows first, with numbers and bounds), and what changed
 against the baseline for its device kind and dtype. `parity review` prints this and writes the
 run's `index.html` (parity.report.page); its exit status is what CI gates on.
+
+A run that did not complete is said plainly, first: `run.json`'s status other than `complete`
+(interrupted with its signal, crashed, still running or dead while running, none recorded), an
+earlier appended session that did not complete, or records of `results.csv` cut short. The review
+still reads and reports every whole row.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +27,26 @@ from parity.report.baseline import (
     allowance_used,
     compare_rows,
     default_baseline_path,
+    device_kind,
     format_comparison,
     load_rows,
     row_location,
+    run_config,
+    source_device_kind,
 )
-from parity.report.rows import RESULTS_FILE, format_summary, read_run_info, summarize
+from parity.report.rows import (
+    COMPLETE,
+    RESULTS_FILE,
+    RUN_INFO_FILE,
+    RUNNING,
+    check_results,
+    format_summary,
+    read_run_info,
+    summarize,
+)
 
-EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+# 3: the run did not complete (or its file is torn); `--allow-incomplete` reviews its rows anyway.
+EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INCOMPLETE = 0, 1, 2, 3
 _ORDER = {ERROR: 0, FAIL: 1, TIE_FLIP: 2, NOT_APPLICABLE: 3, PASS: 4}
 
 
@@ -75,6 +95,11 @@ class Review:
     info: dict[str, Any]
     comparison: Comparison | None = None
     baseline_note: str = ""
+    incomplete: list[str] = dataclasses.field(default_factory=list)  # why the run is not whole, one line each
+
+    @property
+    def complete(self) -> bool:
+        return not self.incomplete
 
     @property
     def summary(self) -> pd.DataFrame:
@@ -100,7 +125,10 @@ class Review:
             parts.append(f"{len(self.comparison.regressions)} regression(s)")
             parts.append(f"{self.comparison.vanished_gate_rows} vanished gate row(s)")
             parts.append(f"{len(self.comparison.improvements)} improvement(s)")
-        return ("OK: " if self.ok else "FAILED: ") + ", ".join(parts)
+        verdict = ("OK: " if self.ok else "FAILED: ") + ", ".join(parts)
+        if not self.complete:
+            return f"INCOMPLETE RUN ({len(self.incomplete)} reason(s) above); of the {len(self.frame)} whole rows it wrote: {verdict}"
+        return verdict
 
 
 def load_review(
@@ -117,7 +145,8 @@ def load_review(
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a run directory (a directory holding {RESULTS_FILE})")
     frame = load_rows(run_dir)
-    review = Review(run_dir=run_dir, frame=frame, info=read_run_info(run_dir))
+    info = read_run_info(run_dir)
+    review = Review(run_dir=run_dir, frame=frame, info=info, incomplete=completeness(run_dir, info))
     if baseline is None and use_default_baseline and not frame.empty:
         candidate = default_baseline_path(run_dir, frame, baseline_dir)
         if candidate.exists():
@@ -125,8 +154,65 @@ def load_review(
         else:
             review.baseline_note = f"no baseline for this device kind and dtype at {candidate}"
     if baseline is not None:
-        review.comparison = compare_rows(load_rows(baseline), frame, margin=margin, name=str(baseline))
+        rows = load_rows(baseline)
+        run_kind = None
+        if not frame.empty:
+            run_kind = device_kind(run_config(frame, str(run_dir))["device"], str(info.get("device_name", "")))
+            if run_kind == "cuda":  # no device name recorded: the kind is unknown
+                run_kind = None
+        review.comparison = compare_rows(
+            rows, frame, margin=margin, name=str(baseline), baseline_kind=source_device_kind(baseline, rows), run_kind=run_kind
+        )
     return review
+
+
+def _process_alive(pid: Any, host: Any) -> bool | None:
+    """Whether process `pid` of `host` still exists (None: another host, cannot tell)."""
+    if host != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def status_problem(info: dict[str, Any], what: str = "the run") -> str | None:
+    """One line saying why `info` (a run.json, or one of its earlier sessions) is not a complete
+    run, or None when it is."""
+    status = info.get("status")
+    if status == COMPLETE:
+        return None
+    if status is None:
+        return f"{RUN_INFO_FILE} records no status: whether {what} completed is unknown"
+    if status == RUNNING:
+        alive = _process_alive(info.get("pid"), info.get("host"))
+        where = f"process {info.get('pid')} on {info.get('host')}"
+        if alive:
+            return f"{what} is still running ({where})"
+        if alive is False:
+            return (
+                f"{what} says running but {where} is gone: it ended without recording its end (killed, or the machine went down)"
+            )
+        return f"{what} says running ({where}; cannot tell from here whether it still is)"
+    how = info.get("signal") or info.get("reason") or "no reason recorded"
+    return f"{what} was {status} ({how})"
+
+
+def completeness(run_dir: Path, info: dict[str, Any]) -> list[str]:
+    """Every reason the run in `run_dir` is not whole: its status, its earlier (appended) sessions,
+    a missing run.json, torn records of results.csv. Empty: complete."""
+    problems = []
+    if not (run_dir / RUN_INFO_FILE).is_file():
+        problems.append(f"no {RUN_INFO_FILE}: whether the run completed is unknown")
+    else:
+        problems += filter(None, [status_problem(info)])
+        for n, earlier in enumerate(info.get("previous_sessions", []), start=1):
+            problems += filter(None, [status_problem(earlier, f"earlier session {n} of this run (appended to)")])
+    problems += check_results(run_dir).problems()
+    return problems
 
 
 def _row_line(row: pd.Series) -> str:
@@ -143,6 +229,10 @@ def format_review(review: Review, *, show_all: bool = False, limit: int = 20) ->
     frame = review.frame
     config = ", ".join(f"{k} {review.info.get(k) or _one(frame, k)}" for k in ("target", "device", "dtype", "size") if k in frame)
     lines = [f"{review.title} ({config}; git {review.info.get('git_sha', '?')}; torch {review.info.get('torch', '?')})", ""]
+    for problem in review.incomplete:
+        lines.append(f"INCOMPLETE RUN: {problem}")
+    if review.incomplete:
+        lines += [f"(the review below covers the {len(review.frame)} whole rows of {review.run_dir / RESULTS_FILE})", ""]
     lines += [format_summary(review.summary), ""]
     summary = review.summary
     summary = failing_suites_first(summary)

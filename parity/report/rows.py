@@ -8,9 +8,11 @@ exclusive `fcntl.flock` around each append keeps rows whole and the header singl
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import datetime as _dt
 import fcntl
+import io
 import json
 import math
 import os
@@ -25,6 +27,12 @@ from parity.compare import BOUND_KINDS, ERROR, FAIL, FIXED, NOT_APPLICABLE, PASS
 
 RESULTS_FILE = "results.csv"
 RUN_INFO_FILE = "run.json"
+# `run.json`'s `status`: written `running` with the first row, then the end of the session:
+# `complete` (every selected test ran), `interrupted` (a signal, with its name, or pytest stopped
+# early) or `crashed` (an internal error). A run that died without recording its end (SIGKILL, a
+# lost machine) still says `running`, with a process id that no longer exists.
+RUNNING, COMPLETE, INTERRUPTED, CRASHED = "running", "complete", "interrupted", "crashed"
+RUN_STATUSES = (RUNNING, COMPLETE, INTERRUPTED, CRASHED)
 
 # The columns of README "Reports": the run's context, `site` (where inside the model a number was
 # taken: `layer.3`, `logits`, `block.layers.1`, `step.12`; empty for whole-output checks), the
@@ -79,13 +87,44 @@ def make_run_dir(report_dir: str | Path, run_id: str | None = None) -> Path:
     return run_dir
 
 
+def now_text() -> str:
+    """The current UTC time as run.json and the rows write it."""
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
+
+
 def write_run_info(run_dir: Path, info: Mapping[str, Any]) -> None:
-    (run_dir / RUN_INFO_FILE).write_text(json.dumps(dict(info), indent=2, sort_keys=True, default=str) + "\n")
+    """Write `run.json` whole or not at all (a temporary file renamed over it): a crash while it is
+    written leaves the previous version, never half a file."""
+    path = Path(run_dir) / RUN_INFO_FILE
+    partial = path.with_name(f".{RUN_INFO_FILE}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(dict(info), indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(partial, path)
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
+    """`run.json` of a run directory ({} when there is none); an unreadable one is a ReportError."""
     path = Path(run_dir) / RUN_INFO_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReportError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(info, dict):
+        raise ReportError(f"{path}: expected a JSON object, found {type(info).__name__}")
+    return info
+
+
+def update_run_info(run_dir: Path, **changes: Any) -> dict[str, Any]:
+    """Change some keys of `run.json` (None removes a key) and write it back whole."""
+    info = read_run_info(run_dir)
+    for key, value in changes.items():
+        if value is None:
+            info.pop(key, None)
+        else:
+            info[key] = value
+    write_run_info(run_dir, info)
+    return info
 
 
 class ReportError(ValueError):
@@ -138,7 +177,7 @@ class ReportWriter:
         if full["bound"] not in BOUND_KINDS:
             raise ReportError(f"bound must be one of {BOUND_KINDS[:-1]} (or empty without a threshold), got {full['bound']!r}")
         full["mode"] = full["mode"] or "eager"
-        full["time"] = full["time"] or _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
+        full["time"] = full["time"] or now_text()
         return {k: _cell(v) for k, v in full.items()}
 
     def write(self, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -164,15 +203,88 @@ class ReportWriter:
         return full
 
 
-def read_results(path: str | Path, required: Iterable[str] = COLUMNS) -> pd.DataFrame:
-    """Load a run directory's `results.csv` (or a CSV path) with value/threshold as floats;
-    `required` names the columns the file must have (a baseline drops the volatile ones)."""
+@dataclasses.dataclass(frozen=True)
+class ResultsCheck:
+    """What a `results.csv` holds: its complete rows, and the records cut short (a write that
+    stopped half-way: a full disk, a lost machine) that reading leaves out."""
+
+    path: Path
+    rows: int
+    torn: tuple[int, ...] = ()  # 1-based line numbers where a cut record starts
+    empty: bool = False  # not even a header
+    spans: tuple[tuple[int, int], ...] = ()  # (first line, last line) of each torn record, 0-based
+
+    @property
+    def header_only(self) -> bool:
+        return not self.empty and self.rows == 0
+
+    def problems(self) -> list[str]:
+        """One line per problem, naming the file."""
+        if self.empty:
+            return [f"{self.path}: empty (no header, no rows)"]
+        found = []
+        if self.torn:
+            lines = ", ".join(str(n) for n in self.torn)
+            found.append(f"{self.path}: {len(self.torn)} torn record(s) at line(s) {lines} (cut short; left out)")
+        if self.rows == 0:
+            found.append(f"{self.path}: a header and no complete row")
+        return found
+
+
+def check_results(path: str | Path) -> ResultsCheck:
+    """Scan a plain `results.csv` for records cut short: a last line without its newline, or a
+    record with another number of fields than the header. (Compressed files are not scanned.)"""
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS_FILE
     if not path.exists():
         raise FileNotFoundError(f"no report rows at {path}")
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    raw = path.read_bytes()
+    if not raw.strip():
+        return ResultsCheck(path, 0, empty=True)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReportError(f"{path}: not UTF-8 text (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})") from None
+    lines = text.splitlines(keepends=True)
+    reader = csv.reader(lines)
+    header = next(reader)
+    rows, torn, spans = 0, [], []
+    start = reader.line_num
+    for record in reader:
+        end = reader.line_num
+        cut = len(record) != len(header) or (end == len(lines) and not lines[-1].endswith(("\n", "\r")))
+        if cut:
+            torn.append(start + 1)
+            spans.append((start, end - 1))
+        else:
+            rows += 1
+        start = end
+    return ResultsCheck(path, rows, tuple(torn), spans=tuple(spans))
+
+
+def read_results(path: str | Path, required: Iterable[str] = COLUMNS) -> pd.DataFrame:
+    """Load a run directory's `results.csv` (or a CSV path) with value/threshold as floats;
+    `required` names the columns the file must have (a baseline drops the volatile ones). Records
+    cut short (`check_results`) are left out, never read as rows with empty cells."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no report rows at {path}")
+    source: Any = path
+    if path.suffix == ".csv":
+        check = check_results(path)
+        if check.empty:
+            raise ReportError(f"{path}: empty (no header, no rows)")
+        if check.spans:
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+            drop = {n for first, last in check.spans for n in range(first, last + 1)}
+            source = io.StringIO("".join(line for n, line in enumerate(lines) if n not in drop))
+    try:
+        frame = pd.read_csv(source, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: not a readable CSV file ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})") from None
     for column in LATER_COLUMNS:
         if column not in frame.columns:
             frame[column] = ""

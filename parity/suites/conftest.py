@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from parity.plugin.session import session_target
 from parity.runners import modes_for
 from parity.suites.ar.support import ARModels, build_ar_models
 from parity.suites.dit.support import DiTModels, build_dit_models, require_dit
+from parity.target import TargetError, family_gap
+
+SUITES_DIR = Path(__file__).resolve().parent
 
 
 def _parametrizes(metafunc: pytest.Metafunc, name: str) -> bool:
@@ -39,6 +44,26 @@ def _parametrizes(metafunc: pytest.Metafunc, name: str) -> bool:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "mode" in metafunc.fixturenames and not _parametrizes(metafunc, "mode"):
         metafunc.parametrize("mode", modes_for(metafunc.config.getoption("--parity-device")))
+
+
+def family_of(item: pytest.Item) -> str | None:
+    """The model family of a suite test: its directory under `parity/suites/` (ar, dit, routing, ...)."""
+    try:
+        return Path(str(item.path)).resolve().relative_to(SUITES_DIR).parts[0]
+    except (ValueError, IndexError):
+        return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A target that does not provide a model family (no router, no DiT, no AR backbone) gets that
+    family's tests skipped with the reason, before any fixture asks it for the missing member."""
+    try:
+        target = session_target(item.config)
+    except TargetError:
+        return  # reported once, up front, by the plugin
+    reason = family_gap(target, family_of(item) or "")
+    if reason:
+        pytest.skip(reason)
 
 
 def require_graph_support(adapter: object, mode: str) -> None:
@@ -84,8 +109,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
     """The AR target, reference and golden (built once per session while resident)."""
-    if not hasattr(target, "load_ar"):
-        pytest.skip(f"target {target.name!r} has no AR backbone (no load_ar)")
+    reason = family_gap(target, "ar")
+    if reason:
+        pytest.skip(reason)
     build = lambda: build_ar_models(settings, target, tmp_path_factory)
     return RESIDENT.get("ar", build, exclusive=settings.size == "full")
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reference_models.common import hf_checkpoint
+
 MOE_TYPES = ("none", "attention", "ffn", "ffn_attention")
 
 # Keys HF writes into config.json that carry no model structure; accepted and ignored.
@@ -142,6 +144,7 @@ class MammothModa2ARConfig:
         missing = [k for k in required if k not in data]
         if missing:
             raise ValueError(f"{source}: missing AR config keys {missing}")
+        hf_checkpoint.check_field_types(cls, data, source)
         return cls(**{k: v for k, v in data.items() if k in fields})
 
     def save(self, directory: str | Path) -> Path:
@@ -154,7 +157,7 @@ class MammothModa2ARConfig:
         path = Path(directory) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{directory}: no config.json (an HF-style checkpoint directory needs one)")
-        return cls.from_dict(json.loads(path.read_text()), source=str(path))
+        return cls.from_dict(hf_checkpoint.read_json_object(path), source=str(path))
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,21 @@ class Qwen2RMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
 
 
+def _check_table_ids(indices: torch.Tensor, input_ids: torch.Tensor, table: str, first_id: int, rows: int) -> None:
+    """Raise IndexError naming the token id, its position and the table when an index a lookup
+    would use is outside the table (a host read: the reference is eager; skipped while compiling)."""
+    if torch.compiler.is_compiling():
+        return
+    outside = (indices < 0) | (indices >= rows)
+    if bool(outside.any()):
+        position = [int(i) for i in outside.nonzero()[0]]
+        token = int(input_ids[tuple(position)])
+        raise IndexError(
+            f"token id {token} at position {position} is outside the embedding table {table} "
+            f"({rows} rows: ids {first_id}..{first_id + rows - 1})"
+        )
+
+
 class Qwen2RotaryEmbedding(nn.Module):
     """1-D rotate-half RoPE: text and gen tokens have equal t/h/w M-RoPE positions (docs/model.md §2)."""
 
@@ -245,12 +260,19 @@ class MammothModa2TextModel(nn.Module):
         self.rotary_emb = Qwen2RotaryEmbedding(config.head_dim, config.rope_theta)
 
     def embed_input_ids(self, input_ids: torch.Tensor, gen_token_mask: torch.Tensor) -> torch.Tensor:
-        """Upstream's lookup: gen positions get id 0 in `embed_tokens`, then are overwritten."""
+        """Upstream's lookup: gen positions get id 0 in `embed_tokens`, then are overwritten.
+
+        An id outside its table raises as upstream's does (IndexError), but naming the id, its
+        position and the table, not `index out of range in self`."""
         if not self.extra_gen_vocab:
+            _check_table_ids(input_ids, input_ids, "embed_tokens", 0, self.embed_tokens.num_embeddings)
             return self.embed_tokens(input_ids)
         und_input_ids = input_ids.clone()
         und_input_ids[gen_token_mask] = 0
+        _check_table_ids(und_input_ids, input_ids, "embed_tokens", 0, self.embed_tokens.num_embeddings)
         inputs_embeds = self.embed_tokens(und_input_ids)
+        gen_ids = torch.where(gen_token_mask, input_ids - self.gen_vocab_start_index, 0)
+        _check_table_ids(gen_ids, input_ids, "gen_embed_tokens", self.gen_vocab_start_index, self.gen_embed_tokens.num_embeddings)
         gen_input_ids = input_ids[gen_token_mask] - self.gen_vocab_start_index
         inputs_embeds[gen_token_mask] = self.gen_embed_tokens(gen_input_ids)
         return inputs_embeds

@@ -9,12 +9,15 @@ file}}`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 SINGLE_FILE = "model.safetensors"
@@ -35,14 +38,78 @@ class CheckpointMismatchError(ValueError):
         self.missing = missing
         self.unexpected = unexpected
         self.wrong_shape = wrong_shape
-        lines = [f"{source}: checkpoint does not match the model"]
+        parts = []
         if missing:
-            lines.append(f"  missing {len(missing)} tensor(s): " + ", ".join(missing))
+            parts.append(f"missing {len(missing)} tensor(s): " + ", ".join(missing))
         if unexpected:
-            lines.append(f"  unexpected {len(unexpected)} tensor(s): " + ", ".join(unexpected))
+            parts.append(f"unexpected {len(unexpected)} tensor(s): " + ", ".join(unexpected))
         for name, expected, got in wrong_shape:
-            lines.append(f"  wrong shape: {name}: expected {list(expected)}, got {list(got)}")
-        super().__init__("\n".join(lines))
+            parts.append(f"wrong shape: {name}: expected {list(expected)}, got {list(got)}")
+        super().__init__(f"{source}: checkpoint does not match the model: " + "; ".join(parts))
+
+
+class CheckpointFileError(ValueError):
+    """A checkpoint file that cannot be read as what it should be; one line naming the file."""
+
+
+def read_json_object(path: str | Path) -> dict[str, Any]:
+    """A JSON file holding an object (`config.json`, the shard index), or one line naming the file
+    and what is wrong: missing, not UTF-8, not JSON, not an object."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: not found") from None
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CheckpointFileError(f"{path}: not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r})") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointFileError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CheckpointFileError(f"{path}: expected a JSON object, found {type(value).__name__}")
+    return value
+
+
+_SCALARS = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def check_field_types(cls: type, data: Mapping[str, Any], source: str, prefix: str = "") -> None:
+    """Each key of `data` that names a scalar field of dataclass `cls` (int, float, bool, str) holds
+    that type (an int is a float; a bool is not an int; a float is finite), else one line naming
+    the source, the key, the expected type and what was found."""
+    for field in dataclasses.fields(cls):
+        kind = _SCALARS.get(field.type if isinstance(field.type, str) else getattr(field.type, "__name__", ""))
+        if kind is None or field.name not in data:
+            continue
+        value = data[field.name]
+        ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+        if kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok:
+            expected = "a finite float" if kind is float else kind.__name__
+            raise CheckpointFileError(
+                f"{source}: key '{prefix}{field.name}': expected {expected}, found {type(value).__name__} {value!r}"
+            )
+
+
+def read_safetensors(path: str | Path, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of one safetensors file; a file that is not one (garbage, cut short) is one
+    line naming it."""
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            names = list(f.keys())
+            for name in names:
+                yield name, f.get_tensor(name)
+    except SafetensorError as exc:
+        raise CheckpointFileError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def check_floating(tensors: Mapping[str, torch.Tensor], source: str) -> None:
+    """Weights are floating point: an integer or boolean tensor would be cast silently."""
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point():
+            raise CheckpointFileError(f"{source}: tensor {name}: expected a floating-point dtype, found {tensor.dtype}")
 
 
 def check_state_dict(expected_shapes: Mapping[str, tuple[int, ...]], state_dict: Mapping[str, torch.Tensor], source: str) -> None:
@@ -56,6 +123,7 @@ def check_state_dict(expected_shapes: Mapping[str, tuple[int, ...]], state_dict:
     ]
     if missing or unexpected or wrong_shape:
         raise CheckpointMismatchError(source, missing, unexpected, wrong_shape)
+    check_floating(state_dict, source)
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:
@@ -103,7 +171,9 @@ def load_state_dict(
     directory = Path(directory)
     index_path = directory / INDEX_FILE
     if index_path.is_file():
-        weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+        weight_map = read_json_object(index_path).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointFileError(f"{index_path}: key 'weight_map': expected an object of tensor name -> file")
         files = sorted(set(weight_map.values()))
     elif (directory / SINGLE_FILE).is_file():
         weight_map, files = {}, [SINGLE_FILE]
@@ -116,13 +186,11 @@ def load_state_dict(
         path = directory / filename
         if not path.is_file():
             raise FileNotFoundError(f"{index_path}: shard {filename} listed in the weight map does not exist")
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if weight_map and weight_map.get(name) != filename:
-                    listed_elsewhere.append(f"{name} (in {filename}, index says {weight_map.get(name)})")
-                    continue
-                t = f.get_tensor(name)
-                state_dict[name] = t if dtype is None else t.to(dtype)
+        for name, t in read_safetensors(path, device):
+            if weight_map and weight_map.get(name) != filename:
+                listed_elsewhere.append(f"{name} (in {filename}, index says {weight_map.get(name)})")
+                continue
+            state_dict[name] = t if dtype is None else t.to(dtype)
     unlisted = [name for name in weight_map if name not in state_dict]
     if listed_elsewhere or unlisted:
         raise ValueError(

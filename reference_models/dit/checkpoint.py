@@ -30,7 +30,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
+
+from reference_models.common.hf_checkpoint import CheckpointFileError, check_floating, read_json_object, read_safetensors
 
 from .config import DiTConfig, config_for_size
 from .decoder import LatentDecoder
@@ -163,12 +165,14 @@ def read_checkpoint(checkpoint_dir: str | Path) -> tuple[DiTConfig, dict[str, to
     config = DiTConfig.from_file(root / CONFIG_NAME)
     single, index = root / WEIGHTS_NAME, root / INDEX_NAME
     if single.is_file():
-        return config, load_file(str(single), device="cpu")
+        return config, dict(read_safetensors(single))
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointFileError(f"{index}: key 'weight_map': expected an object of tensor name -> file")
         tensors: dict[str, torch.Tensor] = {}
         for file_name in sorted(set(weight_map.values())):
-            shard = load_file(str(root / file_name), device="cpu")
+            shard = dict(read_safetensors(root / file_name))
             tensors.update({k: v for k, v in shard.items() if weight_map.get(k) == file_name})
         missing_from_shards = sorted(set(weight_map) - set(tensors))
         if missing_from_shards:
@@ -187,11 +191,12 @@ def check_tensors(expected: Mapping[str, torch.Size], found: Mapping[str, torch.
         if n in found and tuple(found[n].shape) != tuple(expected[n])
     ]
     if missing or unexpected or wrong:
-        lines = [f"DiT checkpoint {source} does not fit the model:"]
+        parts = []
         if missing:
-            lines.append(f"  missing ({len(missing)}): " + ", ".join(missing))
+            parts.append(f"missing ({len(missing)}): " + ", ".join(missing))
         if unexpected:
-            lines.append(f"  unexpected ({len(unexpected)}): " + ", ".join(unexpected))
+            parts.append(f"unexpected ({len(unexpected)}): " + ", ".join(unexpected))
         if wrong:
-            lines.append(f"  wrong shape ({len(wrong)}): " + "; ".join(wrong))
-        raise CheckpointMismatchError("\n".join(lines))
+            parts.append(f"wrong shape ({len(wrong)}): " + "; ".join(wrong))
+        raise CheckpointMismatchError(f"DiT checkpoint {source} does not fit the model: " + "; ".join(parts))
+    check_floating(found, f"DiT checkpoint {source}")

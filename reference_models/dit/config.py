@@ -9,10 +9,11 @@ is the `config.json` of an HF-style checkpoint directory, with the upstream diff
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from reference_models.common.hf_checkpoint import check_field_types, read_json_object
 
 CLASS_NAME = "Transformer2DModel"
 
@@ -159,6 +160,8 @@ class DiTConfig:
             problems.append(f"missing keys in vae_decoder {dec_missing}")
         if problems:
             raise ValueError(f"{source}: " + "; ".join(problems))
+        check_field_types(cls, data, source)
+        check_field_types(DecoderConfig, decoder_data, source, prefix="vae_decoder.")
         tuples = {"axes_dim_rope", "axes_lens"}
         kwargs = {k: tuple(v) if k in tuples else v for k, v in data.items()}
         decoder = DecoderConfig(**{k: tuple(v) if k == "block_out_channels" else v for k, v in decoder_data.items()})
@@ -168,11 +171,9 @@ class DiTConfig:
     def from_file(cls, path: str | Path) -> DiTConfig:
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            data = read_json_object(path)
         except FileNotFoundError:
             raise FileNotFoundError(f"DiT checkpoint config not found: {path}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
         return cls.from_json_dict(data, source=str(path))
 
     def num_parameters(self) -> int:

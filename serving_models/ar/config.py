@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from serving_models.common.safetensors_io import check_field_types, read_json_object
+
 MOE_TYPES = ("none", "attention", "ffn", "ffn_attention")
 HF_METADATA_KEYS = frozenset({"architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path"})
 QWEN2_MODEL_TYPE = "mammothmoda2_qwen2_5_vl"
@@ -103,7 +105,11 @@ class MammothModa2ARConfig:
         unknown = sorted(set(data) - fields - HF_METADATA_KEYS)
         if unknown:
             raise ValueError(f"{source}: unknown AR config keys {unknown}")
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        check_field_types(cls, data, source)
+        try:
+            return cls(**{k: v for k, v in data.items() if k in fields})
+        except TypeError as exc:  # a required key absent
+            raise ValueError(f"{source}: {exc}") from None
 
     @classmethod
     def from_any(cls, config: Any) -> MammothModa2ARConfig:
@@ -120,7 +126,7 @@ class MammothModa2ARConfig:
         path = Path(directory) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{directory}: no config.json")
-        return cls.from_dict(json.loads(path.read_text()), source=str(path))
+        return cls.from_dict(read_json_object(path), source=str(path))
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / "config.json"

@@ -243,10 +243,37 @@ def missing_mask_capture_error(layer_name: str) -> RuntimeError:
     )
 
 
+MASK_SHAPE_MESSAGE = "gen_token_mask: expected one torch.bool entry per row of hidden_states (shape hidden_states.shape[:-1])"
+
+
+def check_gen_token_mask(hidden_states: torch.Tensor, gen_token_mask: torch.Tensor) -> None:
+    """The mask has one bool entry per row of `hidden_states` (`[..., hidden]` vs `[...]`).
+
+    Without this a short mask leaves rows of the eager path's `torch.empty` output unwritten and
+    broadcasts silently in the blend. Graph-safe: only shapes and the dtype are read, never a
+    device value. Outside a trace (eager, and a stream capture, which runs the Python with
+    concrete shapes) a plain check raises naming both shapes; under torch.compile `torch._check`
+    on the (symbolic) sizes becomes a guard or runtime assertion Dynamo keeps in the graph (its
+    message may hold no tensor, hence the fixed text).
+    """
+    if torch.compiler.is_compiling():
+        torch._check(gen_token_mask.dtype == torch.bool, lambda: MASK_SHAPE_MESSAGE)
+        torch._check(gen_token_mask.dim() == hidden_states.dim() - 1, lambda: MASK_SHAPE_MESSAGE)
+        for dim in range(gen_token_mask.dim()):
+            torch._check(gen_token_mask.shape[dim] == hidden_states.shape[dim], lambda: MASK_SHAPE_MESSAGE)
+        return
+    if gen_token_mask.dtype != torch.bool or tuple(gen_token_mask.shape) != tuple(hidden_states.shape[:-1]):
+        raise RuntimeError(
+            f"gen_token_mask {tuple(gen_token_mask.shape)} {gen_token_mask.dtype}: expected one torch.bool entry per row "
+            f"of hidden_states {tuple(hidden_states.shape)}, i.e. shape {tuple(hidden_states.shape[:-1])}"
+        )
+
+
 def moe_blend(
     hidden_states: torch.Tensor, und_expert: nn.Module, gen_expert: nn.Module, gen_token_mask: torch.Tensor
 ) -> torch.Tensor:
     """Graph-safe: both experts on every row, per-row select on the device (no host read)."""
+    check_gen_token_mask(hidden_states, gen_token_mask)
     return torch.where(gen_token_mask.unsqueeze(-1), gen_expert(hidden_states), und_expert(hidden_states))
 
 
@@ -260,6 +287,8 @@ def moe_eager(
 
     A missing mask routes everything to `und_expert`, as upstream does.
     """
+    if gen_token_mask is not None:
+        check_gen_token_mask(hidden_states, gen_token_mask)
     if gen_token_mask is None or not gen_token_mask.any():
         return und_expert(hidden_states)
     if gen_token_mask.all():

@@ -98,6 +98,7 @@ def load_weights(
     ]
     if missing or unexpected or wrong:
         raise safetensors_io.WeightMismatchError(source, missing, unexpected, wrong)
+    safetensors_io.check_floating(tensors, source)
     params = {}
     for name, _ in module.named_parameters():
         parts = [tensors[p].to(device=device, dtype=dtype) for p in checkpoint_names_for(name)]

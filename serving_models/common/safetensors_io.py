@@ -3,17 +3,22 @@
 Single file (`model.safetensors`) or shards listed in `model.safetensors.index.json`. A serving
 engine owns its loader, so this does not import the reference's; the file layout is the one
 `transformers` writes. `WeightMismatchError` names every missing, unexpected and wrong-shaped
-checkpoint tensor in one error.
+checkpoint tensor in one error line; a file that is not what it should be (`config.json` that is
+not a JSON object, a safetensors file cut short, an integer weight) is a `CheckpointFileError`
+line naming the file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 SINGLE_FILE = "model.safetensors"
@@ -29,20 +34,87 @@ class WeightMismatchError(ValueError):
         wrong_shape: list[tuple[str, tuple[int, ...], tuple[int, ...]]],
     ) -> None:
         self.source, self.missing, self.unexpected, self.wrong_shape = source, missing, unexpected, wrong_shape
-        lines = [f"{source}: checkpoint does not match the serving model"]
+        parts = []
         if missing:
-            lines.append(f"  missing {len(missing)} tensor(s): " + ", ".join(missing))
+            parts.append(f"missing {len(missing)} tensor(s): " + ", ".join(missing))
         if unexpected:
-            lines.append(f"  unexpected {len(unexpected)} tensor(s): " + ", ".join(unexpected))
-        lines += [f"  wrong shape: {n}: expected {list(e)}, got {list(g)}" for n, e, g in wrong_shape]
-        super().__init__("\n".join(lines))
+            parts.append(f"unexpected {len(unexpected)} tensor(s): " + ", ".join(unexpected))
+        parts += [f"wrong shape: {n}: expected {list(e)}, got {list(g)}" for n, e, g in wrong_shape]
+        super().__init__(f"{source}: checkpoint does not match the serving model: " + "; ".join(parts))
+
+
+class CheckpointFileError(ValueError):
+    """A checkpoint file that cannot be read as what it should be; one line naming the file."""
+
+
+def read_json_object(path: str | Path) -> dict[str, Any]:
+    """A JSON file holding an object (`config.json`, the shard index), or one line naming the file
+    and what is wrong: missing, not UTF-8, not JSON, not an object."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: not found") from None
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CheckpointFileError(f"{path}: not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r})") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointFileError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CheckpointFileError(f"{path}: expected a JSON object, found {type(value).__name__}")
+    return value
+
+
+_SCALARS = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def check_field_types(cls: type, data: Mapping[str, Any], source: str, prefix: str = "") -> None:
+    """Each key of `data` that names a scalar field of dataclass `cls` (int, float, bool, str) holds
+    that type (an int is a float; a bool is not an int; a float is finite), else one line naming
+    the source, the key, the expected type and what was found."""
+    for field in dataclasses.fields(cls):
+        kind = _SCALARS.get(field.type if isinstance(field.type, str) else getattr(field.type, "__name__", ""))
+        if kind is None or field.name not in data:
+            continue
+        value = data[field.name]
+        ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+        if kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok:
+            expected = "a finite float" if kind is float else kind.__name__
+            raise CheckpointFileError(
+                f"{source}: key '{prefix}{field.name}': expected {expected}, found {type(value).__name__} {value!r}"
+            )
+
+
+def read_safetensors(path: str | Path, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of one safetensors file; a file that is not one (garbage, cut short) is one
+    line naming it."""
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            names = list(f.keys())
+            for name in names:
+                yield name, f.get_tensor(name)
+    except SafetensorError as exc:
+        raise CheckpointFileError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def check_floating(tensors: Mapping[str, torch.Tensor], source: str) -> None:
+    """Weights are floating point: an integer or boolean tensor would be cast silently."""
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point():
+            raise CheckpointFileError(f"{source}: tensor {name}: expected a floating-point dtype, found {tensor.dtype}")
 
 
 def checkpoint_files(directory: Path) -> dict[str, str]:
     """Tensor name -> file for a sharded directory; {} for a single-file one."""
     index = directory / INDEX_FILE
     if index.is_file():
-        return json.loads(index.read_text())["weight_map"]
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointFileError(f"{index}: key 'weight_map': expected an object of tensor name -> file")
+        return weight_map
     if (directory / SINGLE_FILE).is_file():
         return {}
     raise FileNotFoundError(f"{directory}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
@@ -57,13 +129,12 @@ def iterate_weights(directory: str | Path, device: torch.device | str = "cpu") -
         path = directory / filename
         if not path.is_file():
             raise FileNotFoundError(f"{directory / INDEX_FILE}: shard {filename} does not exist")
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if weight_map and weight_map.get(name) != filename:
-                    raise ValueError(
-                        f"{directory / INDEX_FILE}: tensor {name} is in {filename} but the index says {weight_map.get(name)}"
-                    )
-                yield name, f.get_tensor(name)
+        for name, tensor in read_safetensors(path, device):
+            if weight_map and weight_map.get(name) != filename:
+                raise ValueError(
+                    f"{directory / INDEX_FILE}: tensor {name} is in {filename} but the index says {weight_map.get(name)}"
+                )
+            yield name, tensor
 
 
 def write_weights(directory: str | Path, tensors: Mapping[str, torch.Tensor], *, max_shard_bytes: int | None = None) -> Path:

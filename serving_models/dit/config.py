@@ -9,10 +9,11 @@ a suite can build both implementations from one configuration.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from serving_models.common.safetensors_io import check_field_types, read_json_object
 
 CLASS_NAME = "Transformer2DModel"
 
@@ -101,6 +102,8 @@ class DiTConfig:
             problems.append(f"vae_decoder keys {sorted(decoder)} != {sorted(dec_known)}")
         if problems:
             raise ValueError(f"{source}: " + "; ".join(problems))
+        check_field_types(cls, data, source)
+        check_field_types(DecoderConfig, decoder, source, prefix="vae_decoder.")
         for key in ("axes_dim_rope", "axes_lens"):
             data[key] = tuple(data[key])
         decoder = dict(decoder, block_out_channels=tuple(decoder["block_out_channels"]))
@@ -111,11 +114,7 @@ class DiTConfig:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"DiT checkpoint config not found: {path}")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
-        return cls.from_json_dict(data, source=str(path))
+        return cls.from_json_dict(read_json_object(path), source=str(path))
 
     @classmethod
     def coerce(cls, config: Any) -> DiTConfig:

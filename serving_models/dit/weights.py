@@ -7,12 +7,12 @@ and wrong-shaped tensor in one error before anything is assigned.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+
+from serving_models.common.safetensors_io import check_floating, checkpoint_files, read_safetensors
 
 from .config import DiTConfig
 from .decoder import LatentDecoder
@@ -31,14 +31,14 @@ def read_checkpoint(checkpoint_dir: str | Path) -> tuple[DiTConfig, dict[str, to
         raise FileNotFoundError(f"DiT checkpoint directory not found: {root}")
     config = DiTConfig.from_file(root / "config.json")
     if (root / "model.safetensors").is_file():
-        return config, load_file(str(root / "model.safetensors"), device="cpu")
+        return config, dict(read_safetensors(root / "model.safetensors"))
     index = root / "model.safetensors.index.json"
     if not index.is_file():
         raise FileNotFoundError(f"{root}: neither model.safetensors nor {index.name} is present")
-    weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+    weight_map: dict[str, str] = checkpoint_files(root)
     tensors: dict[str, torch.Tensor] = {}
     for file_name in sorted(set(weight_map.values())):
-        shard = load_file(str(root / file_name), device="cpu")
+        shard = dict(read_safetensors(root / file_name))
         tensors.update({k: v for k, v in shard.items() if weight_map.get(k) == file_name})
     absent = sorted(set(weight_map) - set(tensors))
     if absent:
@@ -62,14 +62,15 @@ def build_modules(
         if n in tensors and tuple(tensors[n].shape) != tuple(expected[n])
     ]
     if missing or unexpected or wrong:
-        lines = [f"DiT checkpoint {source} does not fit the serving Transformer2DModel:"]
+        parts = []
         if missing:
-            lines.append(f"  missing ({len(missing)}): " + ", ".join(missing))
+            parts.append(f"missing ({len(missing)}): " + ", ".join(missing))
         if unexpected:
-            lines.append(f"  unexpected ({len(unexpected)}): " + ", ".join(unexpected))
+            parts.append(f"unexpected ({len(unexpected)}): " + ", ".join(unexpected))
         if wrong:
-            lines.append(f"  wrong shape ({len(wrong)}): " + "; ".join(wrong))
-        raise CheckpointMismatchError("\n".join(lines))
+            parts.append(f"wrong shape ({len(wrong)}): " + "; ".join(wrong))
+        raise CheckpointMismatchError(f"DiT checkpoint {source} does not fit the serving Transformer2DModel: " + "; ".join(parts))
+    check_floating(tensors, f"DiT checkpoint {source}")
     model.load_state_dict(
         {k: v.to(device, dtype) for k, v in tensors.items() if not k.startswith(DECODER_PREFIX)},
         strict=True,

@@ -11,24 +11,38 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pytest
 import torch
 
-from parity.cases import Table, load_case_file
+from parity.cases import Count, NonNegative, Range, Steps, Table, load_case_file
 from parity.compare import Tolerance, Verdict, allclose_rule, dtype_spacing, noise_floor_rule
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.ar.config import ar_config, token_layout
 from reference_models.checkpoints import make_checkpoint, random_state_dict
 
 Token = int | str
+# A prompt: 1..MAX_BATCH rows of 1..MAX_TOKENS tokens (an empty row or batch is refused when the
+# case file is read; the model's own position limit is checked when the prompt is built).
+MAX_BATCH, MAX_TOKENS = 64, 8192
+PromptRows = Annotated[list[Annotated[list[Token], Range(1, MAX_TOKENS)]], Range(1, MAX_BATCH)]
+Layer = Annotated[int, Range(0, 1023)]
+
+
+def _equal_rows(rows: Sequence[Sequence[Token]]) -> None:
+    lengths = sorted({len(row) for row in rows})
+    if len(lengths) > 1:
+        raise ValueError(f"the rows of a batch must have one length, got lengths {lengths}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Prompt:
     name: str
-    rows: list[list[Token]]
+    rows: PromptRows
+
+    def __post_init__(self) -> None:
+        _equal_rows(self.rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,22 +54,25 @@ class ClampCase:
 
 @dataclasses.dataclass(frozen=True)
 class ClampCompile:
-    lengths: list[int]
-    expected_compiles: int
+    lengths: Annotated[list[Annotated[int, Range(1, MAX_TOKENS)]], Range(1, None)]
+    expected_compiles: Count
     reason: str
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeCase:
     name: str
-    prompt: list[list[Token]]
-    steps: int
+    prompt: PromptRows
+    steps: Steps
     require_crossing: bool
+
+    def __post_init__(self) -> None:
+        _equal_rows(self.prompt)
 
 
 @dataclasses.dataclass(frozen=True)
 class Observation:
-    residual_ulps: float
+    residual_ulps: NonNegative
     reason: str
 
 
@@ -63,14 +80,14 @@ class Observation:
 class MoERange:
     name: str
     moe_type: str
-    expected_layers: list[int]
+    expected_layers: list[Layer]
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
-    tie_spacings: float
+    tie_spacings: NonNegative
     reason: str
-    bucket_steps: int
+    bucket_steps: Steps
     bucket_reason: str
 
     def __post_init__(self) -> None:

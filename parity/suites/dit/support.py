@@ -21,16 +21,17 @@ import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pytest
 import torch
 from torch import nn
 
-from parity.cases import Table, load_case_file
+from parity.cases import Count, NonNegative, Range, Seed, Steps, Table, check_safe_name, load_case_file
 from parity.compare import Tolerance
 from parity.observe.compile_ledger import CompileLedger
 from parity.observe.regional import compile_repeated_blocks
+from parity.target import family_gap
 from reference_models.checkpoints import make_checkpoint
 from reference_models.dit.adapter import ReferenceDiT
 from reference_models.dit.checkpoint import random_state_dict
@@ -44,10 +45,17 @@ Size = Literal["tiny", "full"]
 # The case file
 # ---------------------------------------------------------------------------------------------
 
+# Range checks of the case file (parity.cases.Range): latent sizes up to 1024 (the full model's
+# cases use 128; one 1024x1024 latent is 262144 image tokens), text lengths up to 4096 tokens,
+# timesteps and CFG ranges on the sampler's [0, 1] time axis, at least one sample per case.
+Latent = Annotated[int, Range(1, 1024)]
+TextLen = Annotated[int, Range(0, 4096)]
+Time = Annotated[float, Range(0.0, 1.0)]
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelsCase:
-    checkpoint_seed: int
+    checkpoint_seed: Seed
     block_class: str  # the repeated block's class name: compiled regionally, its `forward` counted
 
 
@@ -55,11 +63,11 @@ class ModelsCase:
 class WarmupPoint:
     """A shape that is allowed to compile, with the count it must add and why."""
 
-    height: int
-    width: int
-    text_len: int
+    height: Latent
+    width: Latent
+    text_len: TextLen
     cfg: bool
-    expected_compiles: int
+    expected_compiles: Count
     reason: str
 
 
@@ -67,12 +75,12 @@ class WarmupPoint:
 class RecompileLattice:
     backend: str
     backend_reason: str
-    steps: int
-    guidance_scale: float
-    noise_seed: int
-    text_seed: int
-    sizes: list[tuple[int, int]]
-    text_lengths: list[int]
+    steps: Steps
+    guidance_scale: NonNegative
+    noise_seed: Seed
+    text_seed: Seed
+    sizes: Annotated[list[tuple[Latent, Latent]], Range(1, None)]
+    text_lengths: Annotated[list[TextLen], Range(1, None)]
     cfg: list[bool]
     warmup: list[WarmupPoint]
 
@@ -87,36 +95,36 @@ class RecompileLattice:
 class VelocityCase:
     name: str
     size: Size
-    height: int
-    width: int
-    text_lens: list[int]  # one per sample; shorter samples are padded (mask false) to the longest
-    timestep: float
-    seed: int
+    height: Latent
+    width: Latent
+    text_lens: Annotated[list[TextLen], Range(1, 64)]  # one per sample; shorter ones are padded (mask false)
+    timestep: Time
+    seed: Seed
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockCase:
     name: str
     size: Size
-    height: int
-    width: int
-    text_len: int
-    timestep: float
-    seed: int
+    height: Latent
+    width: Latent
+    text_len: TextLen
+    timestep: Time
+    seed: Seed
 
 
 @dataclasses.dataclass(frozen=True)
 class ImageCase:
     name: str
     size: Size
-    height: int
-    width: int
-    text_len: int
-    steps: int
-    guidance_scale: float
-    cfg_range: tuple[float, float]
-    seed: int
-    text_seed: int
+    height: Latent
+    width: Latent
+    text_len: TextLen
+    steps: Steps
+    guidance_scale: NonNegative
+    cfg_range: tuple[Time, Time]
+    seed: Seed
+    text_seed: Seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,9 +221,10 @@ class DiTModels:
 
 
 def require_dit(target: Any) -> None:
-    missing = [name for name in ("load_dit", "build_dit") if not hasattr(target, name)]
-    if missing:
-        pytest.skip(f"target {target.name!r} has no DiT stage ({', '.join(missing)} missing)")
+    """Skip (with the reason `parity.target.family_gap` gives) a target that provides no DiT."""
+    reason = family_gap(target, "dit")
+    if reason:
+        pytest.skip(reason)
 
 
 def build_dit_models(target: Any, settings: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
@@ -325,8 +334,9 @@ def short_reason(text: str) -> str:
 
 
 def image_path(run_dir: Path, case: str, variant: str) -> Path:
-    """`<run_dir>/images/<case>/<variant>.png`, where the review page looks for them (README, "Review")."""
-    return run_dir / "images" / case / f"{variant}.png"
+    """`<run_dir>/images/<case>/<variant>.png`, where the review page looks for them (README, "Review").
+    Both names are path components: a name that could leave the run directory is refused."""
+    return run_dir / "images" / check_safe_name(case, "case") / f"{check_safe_name(variant, 'image variant')}.png"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 
-from parity.cases import CaseFileError, Table, case_path, load_case_file
+from parity.cases import AnyFloat, CaseFileError, Count, NonNegative, Positive, Range, Seed, Table, case_path, load_case_file
 from parity.compare import Tolerance
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CASE_FILE = "routing.toml"
+Timeout = Annotated[float, Range(1e-3, 3600.0)]  # seconds a rank process may take: positive, under an hour
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Kind:
     grouped: bool
     bias: Literal["none", "negative"]
     routed_scaling_factor: float
-    num_shared_experts: int
+    num_shared_experts: Count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,24 +39,24 @@ class Groups:
     """Grouped-routing parameters for one expert count and the k values they serve."""
 
     name: str
-    experts: int
-    k: list[int]
-    num_expert_group: int
-    topk_group: int
+    experts: Positive
+    k: list[Positive]
+    num_expert_group: Positive
+    topk_group: Positive
     note: str
 
 
 @dataclasses.dataclass(frozen=True)
 class GridSpec:
-    experts: list[int]
-    k: list[int]
-    rows: list[int]
+    experts: list[Positive]
+    k: list[Positive]
+    rows: list[Count]
     dtypes: list[Literal["fp32", "bf16", "fp16"]]
     renormalize: list[bool]
     kinds: list[str]
-    logit_std: float
-    seed: int
-    tie_flip_spacings: float
+    logit_std: NonNegative
+    seed: Seed
+    tie_flip_spacings: NonNegative
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,19 +64,19 @@ class EdgeCase:
     """A hand-built tie- or nan- case: explicit rows (or a pattern) and hand-written expected ids."""
 
     name: str
-    k: int
+    k: Positive
     expected_ids: list[list[int]]
-    logits: list[list[float]] | None = None
+    logits: list[list[AnyFloat]] | None = None
     pattern: Literal["zeros", "plateau"] | None = None
-    experts: int | None = None
-    rows: int | None = None
+    experts: Positive | None = None
+    rows: Count | None = None
     scoring: Literal["softmax", "sigmoid"] = "softmax"
     renormalize: bool = True
     num_expert_group: int | None = None
     topk_group: int | None = None
     bias: list[float] | None = None
     routed_scaling_factor: float = 1.0
-    num_shared_experts: int = 0
+    num_shared_experts: Count = 0
     dtypes: list[Literal["fp32", "bf16", "fp16"]] = dataclasses.field(default_factory=lambda: ["fp32", "bf16"])
 
     def __post_init__(self) -> None:
@@ -87,66 +88,66 @@ class EdgeCase:
 
 @dataclasses.dataclass(frozen=True)
 class PadSpec:
-    rows: int
-    experts: int
-    k: int
+    rows: Positive
+    experts: Positive
+    k: Positive
     counts: list[str]
     fills: list[Literal["garbage", "nan"]]
     kinds: list[str]
     renormalize: bool
-    seed: int
+    seed: Seed
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplaySpec:
-    capacity: int
-    experts: int
-    k: int
+    capacity: Positive
+    experts: Positive
+    k: Positive
     counts: list[str]
     kinds: list[str]
     renormalize: bool
-    seed: int
+    seed: Seed
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchSpec:
-    experts: int
-    k: int
-    probe_rows: int
-    mates: list[int]
+    experts: Positive
+    k: Positive
+    probe_rows: Positive
+    mates: list[Count]
     positions: list[Literal["front", "middle", "back"]]
     kinds: list[str]
     renormalize: list[bool]
-    seed: int
+    seed: Seed
 
 
 @dataclasses.dataclass(frozen=True)
 class LoadSpec:
     kind: str
-    experts: int
-    k: int
-    rows: list[int]
+    experts: Positive
+    k: Positive
+    rows: list[Count]
     replicas: list[Literal[1, 2]]
     counts: list[str]
-    seed: int
+    seed: Seed
 
 
 @dataclasses.dataclass(frozen=True)
 class RankSpec:
-    capacity: int
-    experts: int
-    hidden: int
-    k: int
+    capacity: Positive
+    experts: Positive
+    hidden: Positive
+    k: Positive
     kinds: list[str]
     renormalize: bool
-    timeout_s: float
-    seed: int
+    timeout_s: Timeout
+    seed: Seed
 
 
 @dataclasses.dataclass(frozen=True)
 class RankCase:
     name: str
-    rows: list[int]
+    rows: list[Count]
     counts: list[int]
 
 

@@ -158,7 +158,15 @@ def run_ranks(job: RankJob) -> dict[int, dict[str, Any]]:
                 if process.is_alive():
                     process.terminate()
             raise TimeoutError(f"rank workers did not finish within {job.timeout_s + 30.0:.0f} s ({job.backend})")
-    return {rank: torch.load(Path(job.out_dir) / f"rank{rank}.pt") for rank in range(WORLD_SIZE)}
+    return {rank: _rank_results(Path(job.out_dir) / f"rank{rank}.pt", rank) for rank in range(WORLD_SIZE)}
+
+
+def _rank_results(path: Path, rank: int) -> dict[str, Any]:
+    """What rank `rank` saved: tensors, numbers and strings only (`weights_only=True`: loading runs
+    no pickled code, whoever wrote the file)."""
+    if not path.is_file():
+        raise RuntimeError(f"rank {rank} wrote no results ({path} missing): the rank process died before saving")
+    return torch.load(path, weights_only=True)
 
 
 def expected_gather(case: RankCase, kind: str, seed: int) -> dict[str, torch.Tensor]:

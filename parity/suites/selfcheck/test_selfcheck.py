@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import pytest
 import torch
 
-from parity.cases import Table, load_case_file
+from parity.cases import Positive, Range, Seed, Table, load_case_file
 from parity.compare import AT_MOST, EXACTLY, Tolerance, count_rule, diff, threshold_rule, ulp_distance
 from parity.compare.images import psnr
 
@@ -27,17 +27,17 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 @dataclasses.dataclass(frozen=True)
 class PsnrCase:
     name: str
-    data_range: float
+    data_range: Annotated[float, Range(1e-6, None)]  # PSNR divides by it
     offset: float
-    size: int
+    size: Annotated[int, Range(1, 4096)]
 
 
 @dataclasses.dataclass(frozen=True)
 class CosineCase:
     name: str
-    a: list[float]
-    b: list[float]
-    expected: float
+    a: Annotated[list[float], Range(1, None)]
+    b: Annotated[list[float], Range(1, None)]
+    expected: Annotated[float, Range(-1.0, 1.0)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,15 +45,15 @@ class UlpCase:
     name: str
     dtype: Literal["fp32", "bf16", "fp16"]
     value: float
-    steps: int
+    steps: Annotated[int, Range(0, 1 << 20)]
 
 
 @dataclasses.dataclass(frozen=True)
 class DeterminismCase:
     name: str
-    rows: int
-    cols: int
-    seed: int
+    rows: Positive
+    cols: Positive
+    seed: Seed
 
 
 CASES = load_case_file(
