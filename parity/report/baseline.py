@@ -31,7 +31,8 @@ is this rule: docs/machine-independence.md):
 * **info rows**: counted when they moved by more than `margin` (relative), never a regression; the
   listing names only those that moved by more than `INFO_LIST_FACTOR` (or to / from non-finite).
 * **cases**: a case of a compared suite that is in the baseline but not in the run has *vanished*
-  (a check that stopped running); a vanished gate row fails the review. New cases are listed.
+  (a check that stopped running); a vanished gate row fails the review (a vanished `skip` row does
+  not: that test runs now). New cases are listed.
   Suites with no row in the run are not compared (a `--suite` run), and are listed as such.
 """
 
@@ -45,7 +46,7 @@ from typing import Any
 
 import pandas as pd
 
-from parity.compare import ERROR, FAIL, FIXED, MEASURED, TIE_FLIP
+from parity.compare import ERROR, FAIL, FIXED, MEASURED, SKIP, TIE_FLIP
 from parity.report.rows import CASE_KEYS, COLUMNS, read_results, read_run_info
 
 BASELINE_DIR = Path("reports") / "baselines"  # relative to the directory a command runs in
@@ -246,7 +247,10 @@ class Comparison:
 
     @property
     def vanished_gate_rows(self) -> int:
-        return int((self.vanished["kind"] != "info").sum())
+        """Gate rows of the baseline the run lacks; a `skip` row that vanished is a test that runs
+        now (its own rows are new), not a lost check."""
+        lost = (self.vanished["kind"] != "info") & (self.vanished["old_verdict"] != SKIP)
+        return int(lost.sum())
 
     @property
     def ok(self) -> bool:
@@ -416,7 +420,10 @@ def compare_rows(baseline: pd.DataFrame, current: pd.DataFrame, *, margin: float
             buckets["new"].append(_outcome(record, None, new_row, "new"))
             continue
         if side == "left_only":
-            why = "vanished gate row" if old_row["kind"] != "info" else "vanished info row"
+            if old_row["verdict"] == SKIP:
+                why = "vanished skip row (the test runs now)"
+            else:
+                why = "vanished gate row" if old_row["kind"] != "info" else "vanished info row"
             buckets["vanished"].append(_outcome(record, old_row, None, why))
             continue
         matched += 1
