@@ -113,8 +113,16 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="PATH",
         help=(
-            "after reviewing, write this run as the baseline (default path: the committed baseline of its device kind "
-            "and dtype); give RUN_DIR before this option"
+            "after reviewing, write this run as the baseline (default path: reports/baselines/<device kind>-<dtype>.csv "
+            "for the built-in target, <device kind>-<dtype>-<target>.csv for any other); give RUN_DIR before this option"
+        ),
+    )
+    review.add_argument(
+        "--force",
+        action="store_true",
+        help=(
+            "with --write-baseline: replace an existing baseline made for another target or configuration, "
+            "or one holding cases this run lacks (refused otherwise)"
         ),
     )
     review.add_argument(
@@ -214,7 +222,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     if args.write_baseline is not None:
         target = Path(args.write_baseline) if args.write_baseline else default_baseline_path(run_dir, review.frame)
         try:
-            written = write_baseline(review.frame, target)
+            written = write_baseline(review.frame, target, force=args.force)
         except BaselineError as exc:
             print(f"parity review: {exc}", file=sys.stderr)
             return EXIT_FAILED

@@ -19,6 +19,7 @@ import pytest
 from parity import env
 from parity.plugin.options import DEFAULT_DTYPE, PYTEST_PREFIX
 from parity.report import ReportWriter, new_run_id, write_run_info
+from parity.target import TargetError, factory_path
 
 DEFAULT_REPORT_DIR = Path("reports") / "runs"  # relative to the directory pytest was started in
 WORKER_RUN_DIR = "parity_run_dir"  # key of the run directory in an xdist worker's workerinput
@@ -77,6 +78,10 @@ class RunSession:
         """What `run.json` says about the run: its options and the environment."""
         info = {"run_id": self.run_dir.name, "args": list(config.invocation_params.args), **env.describe(self.device)}
         info.update(size=self.size, dtype=self.dtype, target=self.target, seed=self.seed)
+        try:
+            info["target_provenance"] = env.target_provenance(self.target, factory_path(self.target))
+        except TargetError as exc:  # an unknown spec: the run stops on it elsewhere; say what was asked
+            info["target_provenance"] = {"spec": self.target, "error": str(exc)}
         if self.cases_dirs:
             info["cases_dirs"] = [str(d) for d in self.cases_dirs]
         return info

@@ -123,7 +123,7 @@ def load_review(
         if candidate.exists():
             baseline = candidate
         else:
-            review.baseline_note = f"no baseline for this device kind and dtype at {candidate}"
+            review.baseline_note = f"no baseline for this device kind, dtype and target at {candidate}"
     if baseline is not None:
         review.comparison = compare_rows(load_rows(baseline), frame, margin=margin, name=str(baseline))
     return review
