@@ -6,6 +6,8 @@ check failed; it also writes the run's review page (`index.html`). `parity revie
 directory, prints what failed and what changed against the baseline of its device kind and dtype,
 writes `index.html`, and exits non-zero on any failure or regression; `--write-baseline` regenerates
 the baseline. `parity make-checkpoint` writes a random checkpoint with upstream tensor names.
+`parity check-target` checks a target against the contract of docs/targets.md (`parity run` does it
+first and stops with one line when the target does not conform).
 """
 
 from __future__ import annotations
@@ -131,12 +133,37 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
     review.set_defaults(func=cmd_review)
 
 
+def _add_check_target_parser(sub: argparse._SubParsersAction) -> None:
+    check = sub.add_parser(
+        "check-target",
+        help="check a target against the contract and list which suites will run or skip",
+        description=(
+            "Resolve the target once and check it against the contract of docs/targets.md: its members, and per "
+            "model family it provides, every adapter member called once on a tiny input (return types and shapes). "
+            "Lists the families and suites that will run or skip and why, and the engine policies the target "
+            "declares not applicable. Exit 0: conforms; 1: a member is missing or returns the wrong thing (one line each)."
+        ),
+    )
+    check.add_argument("target", metavar="TARGET", help="serving, reference or package.module:factory")
+    check.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device of the tiny probe (default: cpu)")
+    check.add_argument(
+        "--suite",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="probe only the families these report suites need (repeatable; default: every family)",
+    )
+    check.add_argument("--quiet", action="store_true", help="print nothing when the target conforms")
+    check.set_defaults(func=cmd_check_target)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parity", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(sub)
     _add_review_parser(sub)
     _add_checkpoint_parser(sub)
+    _add_check_target_parser(sub)
     return parser
 
 
@@ -170,6 +197,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_dir = report_dir / run_id
     argv = pytest_args_for_run(args, run_id)
     env.select_cpu_kernels()  # before pytest imports anything that runs a kernel (docs/cpu-kernels.md)
+    problem = conformance_line(args)
+    if problem is not None:
+        print(
+            f"parity run: target {args.target} does not conform (parity check-target {args.target}): {problem}", file=sys.stderr
+        )
+        return 1
     print(f"parity run: {run_dir}\n  pytest {' '.join(argv)}", flush=True)
     code = int(pytest.main(argv))
     if code == PYTEST_NO_TESTS:
@@ -229,6 +262,42 @@ def cmd_review(args: argparse.Namespace) -> int:
         print(f"wrote baseline {written} ({len(review.frame)} rows): the comparison above is what it accepts")
         return EXIT_OK
     return EXIT_OK if review.ok else EXIT_FAILED
+
+
+def cmd_check_target(args: argparse.Namespace) -> int:
+    from parity.conformance import check_target
+    from parity.target import TargetError, resolve_target
+
+    try:
+        target = resolve_target(args.target)
+    except TargetError as exc:
+        print(f"parity check-target: {exc}", file=sys.stderr)
+        return 1
+    result = check_target(target, args.target, device=args.device, suites=args.suite)
+    if not result.ok:
+        for problem in result.all_problems():
+            print(f"parity check-target: {problem}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(result.text())
+    return 0
+
+
+def conformance_line(args: argparse.Namespace) -> str | None:
+    """Run `parity check-target` for `parity run`'s target in a fresh process (a target factory may
+    patch modules, as the mutant catalogue's do, and must do so only in the process that runs the
+    suites); None when the target conforms, else its first problem line."""
+    import subprocess
+
+    command = [sys.executable, "-m", "parity", "check-target", args.target, "--device", args.device, "--quiet"]
+    for suite in args.suite:
+        command += ["--suite", suite]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode == 0:
+        return None
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    problems = [line for line in lines if line.startswith("parity check-target: ")]
+    return (problems or lines or [f"exit code {done.returncode}"])[0].removeprefix("parity check-target: ")
 
 
 def cmd_make_checkpoint(args: argparse.Namespace) -> int:

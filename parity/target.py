@@ -48,6 +48,21 @@ def load_target(spec: str) -> Any:
     return target
 
 
+def resolve_target(spec: str) -> Any:
+    """The target of `spec`, resolved once, or a TargetError whose message is one line.
+
+    Call site of `parity check-target` and `parity run`'s conformance check. (Issue 16 owns
+    resolving the target up front; this minimal version only makes the one-line error explicit.)
+    """
+    try:
+        return load_target(spec)
+    except TargetError:
+        raise
+    except Exception as exc:  # the factory itself raised
+        text = f"{type(exc).__name__}: {exc}".replace("\n", " | ")
+        raise TargetError(f"--target {spec!r}: the factory raised {text}") from exc
+
+
 # ---------------------------------------------------------------------------------------------
 # The adapter contract (what the suites call). Structural: an engine's own adapters need not
 # import anything from here, only have these members. `missing_members` names what is absent.
