@@ -67,7 +67,38 @@ def _add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:
     ckpt.add_argument("out_dir", type=Path, help="directory to write (created if missing)")
     ckpt.add_argument("--size", choices=("tiny", "full"), default="tiny", help="configuration (default: tiny)")
     ckpt.add_argument("--seed", type=int, default=0, help="random seed of the weights (default: 0)")
+    ckpt.add_argument(
+        "--layout",
+        choices=("parity", "release"),
+        default="parity",
+        help=(
+            "parity: flat config.json and upstream names (default); release: the released model's layout, a nested "
+            "Mammothmoda2Config and prefixed tensor names (docs/checkpoints.md), for the families registered for it"
+        ),
+    )
+    ckpt.add_argument(
+        "--max-shard-bytes", type=int, default=None, metavar="N", help="write shards of at most N bytes with an index"
+    )
     ckpt.set_defaults(func=cmd_make_checkpoint)
+
+
+def _add_inspect_parser(sub: argparse._SubParsersAction) -> None:
+    inspect = sub.add_parser(
+        "inspect-checkpoint",
+        help="show a checkpoint's recognised config, ignored keys and tensor mapping per implementation",
+        description=(
+            "Read a checkpoint directory (parity's layout or the release's) family by family: the config fields "
+            "recognised (with the key each came from or the upstream default), the keys kept but ignored (with why), "
+            "and for the reference and the target the tensors matched, unused and missing. Exit 0: both load every "
+            "family present; 1: a config is refused or an implementation cannot load the directory."
+        ),
+    )
+    inspect.add_argument("directory", type=Path, metavar="DIR")
+    inspect.add_argument(
+        "--target", default="serving", help="the implementation inspected beside the reference (default: serving)"
+    )
+    inspect.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device the models load on (default: cpu)")
+    inspect.set_defaults(func=cmd_inspect_checkpoint)
 
 
 def _add_review_parser(sub: argparse._SubParsersAction) -> None:
@@ -164,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_review_parser(sub)
     _add_checkpoint_parser(sub)
     _add_check_target_parser(sub)
+    _add_inspect_parser(sub)
     return parser
 
 
@@ -303,9 +335,26 @@ def conformance_line(args: argparse.Namespace) -> str | None:
 def cmd_make_checkpoint(args: argparse.Namespace) -> int:
     module_name, _, attr = CHECKPOINT_MAKER.partition(":")
     make_checkpoint = getattr(importlib.import_module(module_name), attr)
-    path = make_checkpoint(args.kind, args.size, args.seed, args.out_dir)
-    print(f"wrote {args.kind} checkpoint ({args.size}, seed {args.seed}) to {path}")
+    options = {} if args.max_shard_bytes is None else {"max_shard_bytes": args.max_shard_bytes}
+    try:
+        path = make_checkpoint(args.kind, args.size, args.seed, args.out_dir, layout=args.layout, **options)
+    except ValueError as exc:
+        print(f"parity make-checkpoint: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.kind} checkpoint ({args.size}, seed {args.seed}, {args.layout} layout) to {path}")
     return 0
+
+
+def cmd_inspect_checkpoint(args: argparse.Namespace) -> int:
+    from parity.checkpoint_inspect import inspect_checkpoint
+
+    try:
+        result = inspect_checkpoint(args.directory, args.target, args.device)
+    except (OSError, ValueError) as exc:
+        print(f"parity inspect-checkpoint: {exc}", file=sys.stderr)
+        return 1
+    print(result.text())
+    return 0 if result.ok else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

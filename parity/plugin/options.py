@@ -18,6 +18,7 @@ DEVICES = ("cpu", "cuda")
 SIZES = ("tiny", "full")
 DTYPES = ("fp32", "bf16", "fp16")
 DEFAULT_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
+LAYOUTS = ("parity", "release")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,18 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         dict(default=None, metavar="DIR", help="directory that receives one run directory per run (default: ./reports/runs)"),
     ),
     RunOption("run-id", dict(default=None, help="name of this run's directory (default: UTC timestamp + random suffix)")),
+    RunOption(
+        "checkpoint-layout",
+        dict(
+            choices=LAYOUTS,
+            default="parity",
+            help=(
+                "layout of the tiny checkpoints the suites write and load: parity (flat config.json, upstream "
+                "tensor names) or release (the released model's nested config.json and prefixed names, "
+                "docs/checkpoints.md; the AR family) (default: parity)"
+            ),
+        ),
+    ),
     RunOption(
         "seed",
         dict(

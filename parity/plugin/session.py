@@ -42,6 +42,7 @@ class RunSession:
     seed: int = 0
     suites: tuple[str, ...] = ()
     cases_dirs: tuple[Path, ...] = ()
+    checkpoint_layout: str = "parity"
 
     @property
     def torch_dtype(self) -> Any:
@@ -72,12 +73,14 @@ class RunSession:
             seed=option(config, "seed"),
             suites=tuple(option(config, "suite")),
             cases_dirs=tuple(d.absolute() for d in cases),
+            checkpoint_layout=option(config, "checkpoint_layout"),
         )
 
     def run_info(self, config: pytest.Config) -> dict[str, Any]:
         """What `run.json` says about the run: its options and the environment."""
         info = {"run_id": self.run_dir.name, "args": list(config.invocation_params.args), **env.describe(self.device)}
         info.update(size=self.size, dtype=self.dtype, target=self.target, seed=self.seed)
+        info["checkpoint_layout"] = self.checkpoint_layout
         try:
             info["target_provenance"] = env.target_provenance(self.target, factory_path(self.target))
         except TargetError as exc:  # an unknown spec: the run stops on it elsewhere; say what was asked

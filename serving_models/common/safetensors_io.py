@@ -39,20 +39,22 @@ class WeightMismatchError(ValueError):
 
 
 def checkpoint_files(directory: Path) -> dict[str, str]:
-    """Tensor name -> file for a sharded directory; {} for a single-file one."""
-    index = directory / INDEX_FILE
-    if index.is_file():
-        return json.loads(index.read_text())["weight_map"]
-    if (directory / SINGLE_FILE).is_file():
-        return {}
-    raise FileNotFoundError(f"{directory}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+    """Tensor name -> file from every `*.safetensors.index.json` (any name: releases name theirs
+    after the weights file); {} when the directory has no index."""
+    weight_map: dict[str, str] = {}
+    for index in sorted(directory.glob("*.safetensors.index.json")):
+        weight_map.update(json.loads(index.read_text())["weight_map"])
+    if weight_map or any(directory.glob("*.safetensors")):
+        return weight_map
+    raise FileNotFoundError(f"{directory}: no *.safetensors file and no *.safetensors.index.json found")
 
 
 def iterate_weights(directory: str | Path, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor of the directory, one file open at a time."""
+    """Yield (name, tensor) for every tensor of the directory, one file open at a time (the files
+    an index lists, or every `*.safetensors` file without one)."""
     directory = Path(directory)
     weight_map = checkpoint_files(directory)
-    files = sorted(set(weight_map.values())) if weight_map else [SINGLE_FILE]
+    files = sorted(set(weight_map.values())) if weight_map else sorted(p.name for p in directory.glob("*.safetensors"))
     for filename in files:
         path = directory / filename
         if not path.is_file():

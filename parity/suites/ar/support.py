@@ -168,7 +168,8 @@ def build_ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPat
     config = ar_config(settings.size)
     seed = settings.seed
     if settings.size == "tiny":
-        checkpoint = make_checkpoint("ar", "tiny", seed, tmp_path_factory.mktemp("ar-checkpoint"))
+        layout = getattr(settings, "checkpoint_layout", "parity")
+        checkpoint = make_checkpoint("ar", "tiny", seed, tmp_path_factory.mktemp("ar-checkpoint"), layout=layout)
         model = target.load_ar(checkpoint, device, dtype)
         reference = ReferenceARAdapter.load(checkpoint, device, dtype)
         golden = ReferenceARAdapter.load(checkpoint, device, torch.float64) if dtype != torch.float32 else None

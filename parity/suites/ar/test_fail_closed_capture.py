@@ -57,6 +57,7 @@ def _child_env(monkeypatch, settings, device: str) -> None:
     monkeypatch.setenv(fail_closed_cases.ENV_TARGET, settings.target)
     monkeypatch.setenv(fail_closed_cases.ENV_SEED, str(settings.seed))
     monkeypatch.setenv(fail_closed_cases.ENV_DEVICE, device)
+    monkeypatch.setenv(fail_closed_cases.ENV_LAYOUT, settings.checkpoint_layout)
 
 
 @pytest.mark.parametrize("mode", ["cpu_graph", "cuda_graph"])
