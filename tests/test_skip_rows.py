@@ -59,6 +59,7 @@ def test_every_skipped_suite_test_has_a_skip_row_with_its_reason(skipped_run: pd
     assert skips.loc["cuda_graph", "detail"] == "cuda_graph needs --device cuda"
     assert skips.loc["cuda_graph", "mode"] == "cuda_graph"  # the parametrized mode, so a reader can filter by it
     assert (skips["metric"] == "skipped").all() and (skips["suite"] == "demo").all()
+    assert (skips["kind"] == "info").all()  # a skip decided nothing: readers of gate rows see judged checks only
 
 
 def test_the_summary_counts_skipped_tests_apart_from_passes(skipped_run: pd.DataFrame) -> None:

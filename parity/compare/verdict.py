@@ -12,8 +12,8 @@ import dataclasses
 # Verdict values of a report row (README "Reports"). `not_applicable`: the check cannot apply to
 # this target or lane (the reason is in the detail); it is neither a pass nor a failure. `skip`: the
 # test did not run at all (pytest skipped it: another lane's mode, a family the target does not
-# provide); the plugin writes one row per skipped test with pytest's reason, so a run accounts for
-# every test it collected.
+# provide); the plugin writes one info row per skipped test with pytest's reason, so a run accounts
+# for every test it collected.
 PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE, SKIP = "pass", "fail", "tie_flip", "error", "not_applicable", "skip"
 VERDICTS = (PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE, SKIP)
 # How a row's bound was set (the report's `bound` column): FIXED is a policy (a case-file tolerance,

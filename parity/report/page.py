@@ -233,7 +233,8 @@ def summary_section(review: Review) -> str:
     if not flips.empty:
         body.append(f"<h3>Tie flips ({len(flips)} rows: decisions inside the dtype's noise, not defects)</h3>")
         body.append(table(flips, ("verdict", "suite", "case", "mode", "site", "metric", "value", "threshold", "detail")))
-    not_run = review.frame[review.frame["verdict"].isin((SKIP, NOT_APPLICABLE)) & (review.frame["kind"] != "info")]
+    frame = review.frame
+    not_run = frame[(frame["verdict"] == SKIP) | ((frame["verdict"] == NOT_APPLICABLE) & (frame["kind"] != "info"))]
     if not not_run.empty:
         body.append(f"<h3>Skipped and not applicable ({len(not_run)} rows: checks that did not run here, with the reason)</h3>")
         body.append(table(not_run, ("verdict", "suite", "case", "mode", "metric", "detail"), table_id="skipped-rows"))

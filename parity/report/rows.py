@@ -196,8 +196,9 @@ CASE_KEYS = ["suite", "case", "target", "mode"]  # a case's verdict spans all it
 
 
 def case_verdicts(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per (suite, case, target, mode): the worst verdict among its gate rows."""
-    gates = frame[frame["kind"] != "info"]
+    """One row per (suite, case, target, mode): the worst verdict among its gate rows (a skipped
+    test's `skip` row, an info row, counts for a case with no gate row)."""
+    gates = frame[(frame["kind"] != "info") | (frame["verdict"] == SKIP)]
     if gates.empty:
         return pd.DataFrame(columns=CASE_KEYS + ["verdict"])
     worst = gates.assign(severity=gates["verdict"].map(_SEVERITY)).groupby(CASE_KEYS, sort=False)["severity"].max()
