@@ -6,6 +6,8 @@ check failed; it also writes the run's review page (`index.html`). `parity revie
 directory, prints what failed and what changed against the baseline of its device kind and dtype,
 writes `index.html`, and exits non-zero on any failure or regression; `--write-baseline` regenerates
 the baseline. `parity make-checkpoint` writes a random checkpoint with upstream tensor names.
+`parity check-target` checks a target against the contract of docs/targets.md (`parity run` does it
+first and stops with one line when the target does not conform).
 """
 
 from __future__ import annotations
@@ -74,7 +76,38 @@ def _add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:
     ckpt.add_argument("out_dir", type=Path, help="directory to write (created if missing)")
     ckpt.add_argument("--size", choices=("tiny", "full"), default="tiny", help="configuration (default: tiny)")
     ckpt.add_argument("--seed", type=int, default=0, help="random seed of the weights (default: 0)")
+    ckpt.add_argument(
+        "--layout",
+        choices=("parity", "release"),
+        default="parity",
+        help=(
+            "parity: flat config.json and upstream names (default); release: the released model's layout, a nested "
+            "Mammothmoda2Config and prefixed tensor names (docs/checkpoints.md), for the families registered for it"
+        ),
+    )
+    ckpt.add_argument(
+        "--max-shard-bytes", type=int, default=None, metavar="N", help="write shards of at most N bytes with an index"
+    )
     ckpt.set_defaults(func=cmd_make_checkpoint)
+
+
+def _add_inspect_parser(sub: argparse._SubParsersAction) -> None:
+    inspect = sub.add_parser(
+        "inspect-checkpoint",
+        help="show a checkpoint's recognised config, ignored keys and tensor mapping per implementation",
+        description=(
+            "Read a checkpoint directory (parity's layout or the release's) family by family: the config fields "
+            "recognised (with the key each came from or the upstream default), the keys kept but ignored (with why), "
+            "and for the reference and the target the tensors matched, unused and missing. Exit 0: both load every "
+            "family present; 1: a config is refused or an implementation cannot load the directory."
+        ),
+    )
+    inspect.add_argument("directory", type=Path, metavar="DIR")
+    inspect.add_argument(
+        "--target", default="serving", help="the implementation inspected beside the reference (default: serving)"
+    )
+    inspect.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device the models load on (default: cpu)")
+    inspect.set_defaults(func=cmd_inspect_checkpoint)
 
 
 def _add_review_parser(sub: argparse._SubParsersAction) -> None:
@@ -125,8 +158,16 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="PATH",
         help=(
-            "after reviewing, write this run as the baseline (default path: the committed baseline of its device kind "
-            "and dtype); give RUN_DIR before this option"
+            "after reviewing, write this run as the baseline (default path: reports/baselines/<device kind>-<dtype>.csv "
+            "for the built-in target, <device kind>-<dtype>-<target>.csv for any other); give RUN_DIR before this option"
+        ),
+    )
+    review.add_argument(
+        "--force",
+        action="store_true",
+        help=(
+            "with --write-baseline: replace an existing baseline made for another target or configuration, "
+            "or one holding cases this run lacks (refused otherwise)"
         ),
     )
     review.add_argument(
@@ -140,12 +181,38 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
     review.set_defaults(func=cmd_review)
 
 
+def _add_check_target_parser(sub: argparse._SubParsersAction) -> None:
+    check = sub.add_parser(
+        "check-target",
+        help="check a target against the contract and list which suites will run or skip",
+        description=(
+            "Resolve the target once and check it against the contract of docs/targets.md: its members, and per "
+            "model family it provides, every adapter member called once on a tiny input (return types and shapes). "
+            "Lists the families and suites that will run or skip and why, and the engine policies the target "
+            "declares not applicable. Exit 0: conforms; 1: a member is missing or returns the wrong thing (one line each)."
+        ),
+    )
+    check.add_argument("target", metavar="TARGET", help="serving, reference or package.module:factory")
+    check.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device of the tiny probe (default: cpu)")
+    check.add_argument(
+        "--suite",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="probe only the families these report suites need (repeatable; default: every family)",
+    )
+    check.add_argument("--quiet", action="store_true", help="print nothing when the target conforms")
+    check.set_defaults(func=cmd_check_target)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parity", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(sub)
     _add_review_parser(sub)
     _add_checkpoint_parser(sub)
+    _add_check_target_parser(sub)
+    _add_inspect_parser(sub)
     return parser
 
 
@@ -199,6 +266,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return PYTEST_USAGE_ERROR
     argv = pytest_args_for_run(args, run_id)
     env.select_cpu_kernels()  # before pytest imports anything that runs a kernel (docs/cpu-kernels.md)
+    problem = conformance_line(args)
+    if problem is not None:
+        print(
+            f"parity run: target {args.target} does not conform (parity check-target {args.target}): {problem}", file=sys.stderr
+        )
+        return 1
     print(f"parity run: {run_dir}\n  pytest {' '.join(argv)}", flush=True)
     code = int(pytest.main(argv))
     if code == PYTEST_USAGE_ERROR:
@@ -279,7 +352,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     if args.write_baseline is not None:
         target = Path(args.write_baseline) if args.write_baseline else default_baseline_path(run_dir, review.frame)
         try:
-            written = write_baseline(review.frame, target)
+            written = write_baseline(review.frame, target, force=args.force)
         except BaselineError as exc:
             print(f"parity review: {exc}", file=sys.stderr)
             return EXIT_FAILED
@@ -293,12 +366,65 @@ def cmd_review(args: argparse.Namespace) -> int:
     return EXIT_OK if review.ok else EXIT_FAILED
 
 
+def cmd_check_target(args: argparse.Namespace) -> int:
+    from parity.conformance import check_target
+    from parity.target import TargetError, resolve_target
+
+    try:
+        target = resolve_target(args.target)
+    except TargetError as exc:
+        print(f"parity check-target: {exc}", file=sys.stderr)
+        return 1
+    result = check_target(target, args.target, device=args.device, suites=args.suite)
+    if not result.ok:
+        for problem in result.all_problems():
+            print(f"parity check-target: {problem}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(result.text())
+    return 0
+
+
+def conformance_line(args: argparse.Namespace) -> str | None:
+    """Run `parity check-target` for `parity run`'s target in a fresh process (a target factory may
+    patch modules, as the mutant catalogue's do, and must do so only in the process that runs the
+    suites); None when the target conforms, else its first problem line."""
+    import subprocess
+
+    command = [sys.executable, "-m", "parity", "check-target", args.target, "--device", args.device, "--quiet"]
+    for suite in args.suite:
+        command += ["--suite", suite]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode == 0:
+        return None
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    problems = [line for line in lines if line.startswith("parity check-target: ")]
+    return (problems or lines or [f"exit code {done.returncode}"])[0].removeprefix("parity check-target: ")
+
+
 def cmd_make_checkpoint(args: argparse.Namespace) -> int:
     module_name, _, attr = CHECKPOINT_MAKER.partition(":")
     make_checkpoint = getattr(importlib.import_module(module_name), attr)
-    path = make_checkpoint(args.kind, args.size, args.seed, args.out_dir)
-    print(f"wrote {args.kind} checkpoint ({args.size}, seed {args.seed}) to {path}")
+    options = {} if args.max_shard_bytes is None else {"max_shard_bytes": args.max_shard_bytes}
+    try:
+        path = make_checkpoint(args.kind, args.size, args.seed, args.out_dir, layout=args.layout, **options)
+    except ValueError as exc:
+        print(f"parity make-checkpoint: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.kind} checkpoint ({args.size}, seed {args.seed}, {args.layout} layout) to {path}")
     return 0
+
+
+def cmd_inspect_checkpoint(args: argparse.Namespace) -> int:
+    from parity.checkpoint_inspect import inspect_checkpoint
+
+    try:
+        result = inspect_checkpoint(args.directory, args.target, args.device)
+    except (OSError, ValueError) as exc:
+        print(f"parity inspect-checkpoint: {exc}", file=sys.stderr)
+        return 1
+    print(result.text())
+    return 0 if result.ok else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -114,6 +114,54 @@ def git_sha(root: Path = PROJECT_ROOT) -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
+def target_provenance(spec: str, factory: str) -> dict[str, str]:
+    """Where the target under test comes from, for `run.json`: the `--target` value, its factory
+    (`module:callable`), the module's file, the installed distribution and version that ship its
+    top-level package (or the package's `__version__`), and the git commit of the checkout the
+    file lives in ('' where there is none). Finds the module without running it (the suites do);
+    only a top-level package without a distribution is imported, for its `__version__`."""
+    import importlib
+    import importlib.metadata
+    import importlib.util
+
+    module_name = factory.partition(":")[0]
+    info = {"spec": spec, "factory": factory, "module": module_name, "file": "", "distribution": "", "version": "", "git_sha": ""}
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin or not os.path.isfile(found.origin):
+        return info
+    info["file"] = found.origin
+    top = module_name.split(".")[0]
+    distributions = importlib.metadata.packages_distributions().get(top, [])
+    if distributions:
+        info["distribution"] = distributions[0]
+        info["version"] = importlib.metadata.version(distributions[0])
+    else:  # a checkout on the path: the package's own `__version__` (the run imports it anyway)
+        try:
+            info["version"] = str(getattr(importlib.import_module(top), "__version__", ""))
+        except Exception:  # the run reports the import failure itself
+            info["version"] = ""
+    info["git_sha"] = _tracked_file_sha(Path(found.origin).resolve())
+    return info
+
+
+def _tracked_file_sha(path: Path) -> str:
+    """The commit of the checkout `path` lives in, or '' outside any checkout or when git ignores
+    the file (a virtual environment inside a checkout is not that checkout's code)."""
+    try:
+        ignored = subprocess.run(
+            ["git", "check-ignore", "-q", str(path)], cwd=path.parent, capture_output=True, timeout=10
+        ).returncode
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    if ignored != 1:  # 0: ignored; 128: not in a work tree
+        return ""
+    sha = git_sha(path.parent)
+    return "" if sha == "unknown" else sha
+
+
 def torch_version() -> str:
     import torch
 

@@ -109,17 +109,22 @@ class CaptureRegistry(Protocol):
 
 
 class ARAdapter(Protocol):
-    """The AR backbone. `forward` returns `(logits [B, L, vocab + gen_vocab], hidden_states)` with one
-    hidden state per decoder layer (before the final norm); `moe_sites()` gives, per MoE layer,
-    `(layer, pre_norm, layer_module, und, gen)` where the MoE input is `pre_norm`'s output, the
-    residual is its input and `layer_module` returns `residual + moe(input)`: the harness observes
-    which expert's output a token got through forward hooks on these modules."""
+    """The AR backbone (docs/targets.md §3 has every member with its shapes and its users).
+
+    `forward` and `forward_multimodal` return an object with attributes `.logits` ([B, L, vocab +
+    gen_vocab]) and `.hidden_states` (one [B, L, D] tensor per decoder layer, before the final
+    norm): a dataclass or NamedTuple, not a bare tuple. `moe_sites()` gives, per MoE layer, an
+    object with `layer, pre_norm, layer_module, und, gen`: the harness observes which expert's
+    output a token got through forward hooks on `pre_norm` and `layer_module`. Either the plain
+    form (`pre_norm(h) -> x`, `layer_module(...) -> h + moe(x)`) or the fused-residual form of
+    serving engines (`pre_norm(hidden, residual) -> (x, h)`, `layer_module(...) -> (moe(x), h)`)."""
 
     name: str
     config: Any
     module: Any
     moe_layers: tuple[int, ...]
     supports_capture: bool
+    capture: CaptureRegistry
 
     def moe_sites(self) -> list[Any]: ...
     def embedding_modules(self) -> tuple[Any, Any]: ...
@@ -171,9 +176,35 @@ class RouterAdapter(Protocol):
     def expert_load(self, ids: Any, num_valid_rows: Any, num_physical: int) -> Any: ...
 
 
+# Checks of the AR suites that hold an engine to one way of doing something right (a design
+# choice of the built-in target, not a parity property). A target without the policy declares it in
+# `Target.not_applicable` = {policy: reason}; the check then writes a `not_applicable` row with that
+# reason instead of judging (never a silent pass). docs/targets.md §5.
+ENGINE_POLICIES: dict[str, str] = {
+    "refusal_wording": (
+        "fail_closed_capture: the capture refusal names the layer, offers enforce_eager and says PIECEWISE is "
+        "not a workaround (the refusal itself is still checked)"
+    ),
+    "probe_warning": "fail_closed_capture: a backend without a capture probe warns exactly once, with 'probe' in the text",
+    "raw_input_tokens_attribute": (
+        "fail_closed_capture: `requires_raw_input_tokens = True` on the module and AR wrapper classes "
+        "(the multimodal entry's behaviour is still checked)"
+    ),
+    "pipeline_parallel_factory": (
+        "fail_closed_capture: the module's `make_empty_intermediate_tensors` seeds a bool `gen_token_mask`"
+    ),
+    "eager_fast_path": (
+        "expert_selection: eager on all-und ids runs the und expert only (the captured graph holding both "
+        "experts is still checked)"
+    ),
+}
+
+
 class Target(Protocol):
     """What `make_target()` returns. A family the target does not implement may be left out:
-    the suites of that family then skip with a reason naming the missing member."""
+    the suites of that family then skip with a reason naming the missing member. Optional:
+    `not_applicable: Mapping[str, str]`, engine policies (`ENGINE_POLICIES`) the target does not
+    follow, each with its reason."""
 
     name: str
     capture: CaptureRegistry

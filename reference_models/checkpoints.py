@@ -104,11 +104,19 @@ MAKERS["ar"] = make_ar_checkpoint
 MAKERS["dit"] = make_dit_checkpoint
 
 
-def make_checkpoint(kind: str, size: str, seed: int, out_dir: str | Path, **options) -> Path:
+def make_checkpoint(kind: str, size: str, seed: int, out_dir: str | Path, *, layout: str = "parity", **options) -> Path:
     """Write a random checkpoint of model family `kind` ("ar" or "dit") and `size` to `out_dir`.
 
-    `options` go to the maker (e.g. `max_shard_bytes` for a sharded directory).
+    `layout` "parity": parity's own directory (flat config.json, upstream names); "release": the
+    released model's layout (`reference_models.release`: nested config.json, prefixed names) with
+    the same weights. `options` go to the maker (e.g. `max_shard_bytes` for a sharded directory).
     """
+    if layout == "release":
+        from reference_models.release import write_release_checkpoint
+
+        return write_release_checkpoint((kind,), size, seed, out_dir, **options)
+    if layout != "parity":
+        raise ValueError(f"unknown checkpoint layout {layout!r}; expected parity or release")
     try:
         maker = MAKERS[kind]
     except KeyError:

@@ -118,7 +118,9 @@ def test_config_json_round_trip_and_errors(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"unknown AR config keys \['moe_typo'\]"):
         ref_cfg.MammothModa2ARConfig.from_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="vocab_size 255 must equal gen_vocab_start_index 256"):
-        tiny.replace(vocab_size=255)
+    # The gen start need not be the table size (Dev: 151936 rows, start 152064); a negative one is refused.
+    assert tiny.replace(vocab_size=255).logits_width == 255 + 64
+    with pytest.raises(ValueError, match="gen_vocab_start_index -1 must be non-negative"):
+        tiny.replace(gen_vocab_start_index=-1)
     with pytest.raises(ValueError, match="moe_type 'ffn-4:2'"):
         tiny.replace(moe_type="ffn-4:2")

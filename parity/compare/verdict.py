@@ -11,9 +11,12 @@ import dataclasses
 import math
 
 # Verdict values of a report row (README "Reports"). `not_applicable`: the check cannot apply to
-# this target or lane (the reason is in the detail); it is neither a pass nor a failure.
-PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE = "pass", "fail", "tie_flip", "error", "not_applicable"
-VERDICTS = (PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE)
+# this target or lane (the reason is in the detail); it is neither a pass nor a failure. `skip`: the
+# test did not run at all (pytest skipped it: another lane's mode, a family the target does not
+# provide); the plugin writes one info row per skipped test with pytest's reason, so a run accounts
+# for every test it collected.
+PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE, SKIP = "pass", "fail", "tie_flip", "error", "not_applicable", "skip"
+VERDICTS = (PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE, SKIP)
 # How a row's bound was set (the report's `bound` column): FIXED is a policy (a case-file tolerance,
 # an expected count) that only changes when someone changes it; MEASURED is derived from noise
 # measured in the same run (the noise-floor rule's multiplier x RMSE(golden, eager) + floor), so it
@@ -67,5 +70,5 @@ class Verdict:
     @property
     def ok(self) -> bool:
         """A tie flip is not a defect (the decision was inside the dtype's noise); a check that
-        does not apply is not one either."""
-        return self.verdict in (PASS, TIE_FLIP, NOT_APPLICABLE)
+        does not apply (or did not run) is not one either."""
+        return self.verdict in (PASS, TIE_FLIP, NOT_APPLICABLE, SKIP)

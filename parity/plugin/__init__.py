@@ -5,7 +5,7 @@ run`), `session` (the run a session belongs to, its run directory and writer), `
 (the `report` fixture a suite writes rows through, and the other fixtures), `lanes` (markers, which
 tests the plugin acts on, threads, GPU pinning). The plugin turns a recorded failing row into a
 failed test, a check that raised into an `error` row and a failed setup into an `error` row, so
-the CSV holds every outcome. Under pytest-xdist the controller chooses the run directory and hands
+the CSV holds every outcome; a skipped suite test leaves a `skip` row with pytest's reason. Under pytest-xdist the controller chooses the run directory and hands
 it to the workers; every process appends to the same `results.csv` (see `parity.report`).
 
 Mistakes in the options stop the session before any test with one `ERROR:` line and exit status
@@ -25,7 +25,7 @@ import pytest
 
 from parity import env
 from parity.cases import CaseFileError, add_case_dirs
-from parity.compare import ERROR, FAIL
+from parity.compare import ERROR, FAIL, SKIP
 from parity.plugin import lanes
 from parity.plugin.options import add_pytest_options
 from parity.plugin.report_fixture import (  # noqa: F401 - fixtures are found in the plugin's namespace
@@ -270,6 +270,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     leaves an `error` row, so a run's CSV accounts for every test of a suite."""
     outcome = yield
     suite = lanes.suite_of(item)
+    if outcome.skipped and suite and outcome.when in ("setup", "call"):
+        _write_skip_row(item, suite, outcome)
     if outcome.when == "setup" and outcome.failed and suite and call.excinfo is not None:
         exc = call.excinfo.value
         message = f"setup failed: {type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
@@ -285,6 +287,36 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
             }
         )
     return outcome
+
+
+def skip_reason(test_report: pytest.TestReport) -> str:
+    """pytest's reason of a skipped test report (`longrepr` is (path, line, "Skipped: reason"))."""
+    longrepr = test_report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr or "")
+    return text.removeprefix("Skipped: ").strip() or "skipped (no reason given)"
+
+
+def _write_skip_row(item: pytest.Item, suite: str, test_report: pytest.TestReport) -> None:
+    """One `skip` row per skipped suite test, with pytest's reason, so results.csv accounts for every
+    collected test and the review page can say why a check did not run."""
+    if getattr(test_report, "wasxfail", None) is not None:
+        return
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    mode = params.get("mode") if isinstance(params.get("mode"), str) else None
+    item.config.stash[WRITER].write(
+        {
+            "suite": suite,
+            "case": default_case(item),
+            "mode": mode,
+            "metric": "skipped",
+            "value": None,
+            "verdict": SKIP,
+            "detail": skip_reason(test_report).replace("\n", " | ")[:2000],
+            "kind": "info",  # decided nothing: readers of gate rows see only judged checks
+            "better": "",
+            "test": item.nodeid,
+        }
+    )
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -21,6 +21,7 @@ DEVICES = ("cpu", "cuda")
 SIZES = ("tiny", "full")
 DTYPES = ("fp32", "bf16", "fp16")
 DEFAULT_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
+LAYOUTS = ("parity", "release")
 
 
 MAX_SEED_OFFSET = 2**31 - 1  # added to case seeds, which must stay in numpy's 32-bit range
@@ -94,6 +95,18 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
             action="store_true",
             default=False,
             help="add this session's rows to the existing run of --run-id (same device, size, dtype, target and seed)",
+        ),
+    ),
+    RunOption(
+        "checkpoint-layout",
+        dict(
+            choices=LAYOUTS,
+            default="parity",
+            help=(
+                "layout of the tiny checkpoints the suites write and load: parity (flat config.json, upstream "
+                "tensor names) or release (the released model's nested config.json and prefixed names, "
+                "docs/checkpoints.md; the AR family) (default: parity)"
+            ),
         ),
     ),
     RunOption(

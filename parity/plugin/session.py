@@ -42,7 +42,7 @@ from parity.report import (
     update_run_info,
     write_run_info,
 )
-from parity.target import TargetError, resolve_target
+from parity.target import TargetError, factory_path, resolve_target
 
 DEFAULT_REPORT_DIR = Path("reports") / "runs"  # relative to the directory pytest was started in
 WORKER_RUN_DIR = "parity_run_dir"  # key of the run directory in an xdist worker's workerinput
@@ -99,6 +99,7 @@ class RunSession:
     cases_dirs: tuple[Path, ...] = ()
     append: bool = False
     controller_pid: int = 0
+    checkpoint_layout: str = "parity"
 
     @property
     def torch_dtype(self) -> Any:
@@ -145,6 +146,7 @@ class RunSession:
             cases_dirs=tuple(d.absolute() for d in cases),
             append=append,
             controller_pid=controller,
+            checkpoint_layout=option(config, "checkpoint_layout"),
         )
         if worker_input is None and append and _is_run_dir(session.run_dir):
             session.check_append()
@@ -167,6 +169,11 @@ class RunSession:
         with the controlling process (so a review can tell a live run from one that died)."""
         info = {"run_id": self.run_dir.name, "args": list(config.invocation_params.args), **env.describe(self.device)}
         info.update(size=self.size, dtype=self.dtype, target=self.target, seed=self.seed)
+        info["checkpoint_layout"] = self.checkpoint_layout
+        try:
+            info["target_provenance"] = env.target_provenance(self.target, factory_path(self.target))
+        except TargetError as exc:  # an unknown spec: the run stops on it elsewhere; say what was asked
+            info["target_provenance"] = {"spec": self.target, "error": str(exc)}
         if self.cases_dirs:
             info["cases_dirs"] = [str(d) for d in self.cases_dirs]
         info.update(status=RUNNING, started=now_text(), pid=self.controller_pid or os.getpid(), host=socket.gethostname())

@@ -31,7 +31,8 @@ is this rule: docs/machine-independence.md):
 * **info rows**: counted when they moved by more than `margin` (relative), never a regression; the
   listing names only those that moved by more than `INFO_LIST_FACTOR` (or to / from non-finite).
 * **cases**: a case of a compared suite that is in the baseline but not in the run has *vanished*
-  (a check that stopped running); a vanished gate row fails the review. New cases are listed.
+  (a check that stopped running); a vanished gate row fails the review (a vanished `skip` row does
+  not: that test runs now). New cases are listed.
   Suites with no row in the run are not compared (a `--suite` run), and are listed as such.
 """
 
@@ -45,7 +46,7 @@ from typing import Any
 
 import pandas as pd
 
-from parity.compare import ERROR, FAIL, FIXED, MEASURED, TIE_FLIP
+from parity.compare import ERROR, FAIL, FIXED, MEASURED, SKIP, TIE_FLIP
 from parity.report.rows import CASE_KEYS, COLUMNS, read_results, read_run_info
 
 BASELINE_DIR = Path("reports") / "baselines"  # relative to the directory a command runs in
@@ -138,16 +139,48 @@ def source_device_kind(source: str | Path, frame: pd.DataFrame) -> str | None:
     if source.parent.name != BASELINE_DIR.name:
         return None
     stem = source.name.removesuffix(".gz").removesuffix(".csv")
+    if config["target"] != DEFAULT_TARGET:  # `<device kind>-<dtype>-<target>.csv`
+        stem = stem.removesuffix(f"-{target_slug(config['target'])}")
     kind, _, dtype = stem.rpartition("-")
     return kind if kind and dtype == config["dtype"] else None
 
 
+# The built-in target's baselines keep their short names (`cpu-fp32.csv`); every other target's
+# file carries the target in its name, so a porter's run never lands on the built-in one.
+DEFAULT_TARGET = "serving"
+
+
+def target_slug(target: str) -> str:
+    """A file-name-safe form of a `--target` value: `my_engine.parity:make_target` -> `my_engine.parity-make_target`."""
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", target).strip("-.") or "target"
+
+
 def default_baseline_path(run_dir: str | Path, frame: pd.DataFrame, baseline_dir: Path = BASELINE_DIR) -> Path:
-    """`reports/baselines/<device kind>-<dtype>.csv` (of the working directory) for the run in `run_dir`."""
+    """`reports/baselines/<device kind>-<dtype>.csv` (of the working directory) for a run of the
+    built-in target in `run_dir`; `<device kind>-<dtype>-<target>.csv` for any other target."""
     config = run_config(frame, str(run_dir))
     info = read_run_info(Path(run_dir)) if Path(run_dir).is_dir() else {}
     kind = device_kind(config["device"], str(info.get("device_name", "")))
-    return Path(baseline_dir).absolute() / f"{kind}-{config['dtype']}.csv"
+    suffix = "" if config["target"] == DEFAULT_TARGET else f"-{target_slug(config['target'])}"
+    return Path(baseline_dir).absolute() / f"{kind}-{config['dtype']}{suffix}.csv"
+
+
+def replacement_problem(old: pd.DataFrame, new: pd.DataFrame) -> str:
+    """Why `new` must not replace the baseline `old` without `--force` ('' when it may): another
+    configuration (target, device, dtype, size), or a less complete run (cases of the baseline's
+    suites that the run lacks, a `--suite` run included)."""
+    if old.empty:
+        return ""
+    old_config, new_config = run_config(old, "the existing baseline"), run_config(new, "this run")
+    if old_config != new_config:
+        return f"it was made for {_config_text(old_config)}, this run is {_config_text(new_config)}"
+    old_cases = set(map(tuple, old[CASE_KEYS].drop_duplicates().to_numpy().tolist()))
+    new_cases = set(map(tuple, new[CASE_KEYS].drop_duplicates().to_numpy().tolist()))
+    lost = sorted(old_cases - new_cases)
+    if lost:
+        example = ", ".join("/".join(case) for case in lost[:3])
+        return f"it holds {len(lost)} case(s) this run lacks (a more complete run), e.g. {example}"
+    return ""
 
 
 def baseline_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -158,8 +191,14 @@ def baseline_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return kept.reset_index(drop=True)
 
 
-def write_baseline(frame: pd.DataFrame, path: str | Path) -> Path:
-    """Write `frame` as a baseline; refuses a run with failing rows (a baseline is a clean state)."""
+def write_baseline(frame: pd.DataFrame, path: str | Path, *, force: bool = False) -> Path:
+    """Write `frame` as a baseline; refuses a run with failing rows (a baseline is a clean state),
+    and, unless `force`, replacing an existing baseline of another configuration or target or one
+    that holds cases the run lacks (`replacement_problem`)."""
+    if Path(path).exists() and not force:
+        problem = replacement_problem(load_rows(path), frame)
+        if problem:
+            raise BaselineError(f"refusing to overwrite the baseline {path}: {problem}; pass --force to replace it")
     failing = frame[(frame["kind"] != "info") & frame["verdict"].isin(_FAILING)]
     if not failing.empty:
         first = failing.iloc[0]
@@ -459,7 +498,10 @@ def compare_rows(
             buckets["new"].append(_outcome(record, None, new_row, "new"))
             continue
         if side == "left_only":
-            why = "vanished gate row" if old_row["kind"] != "info" else "vanished info row"
+            if old_row["verdict"] == SKIP:
+                why = "vanished skip row (the test runs now)"
+            else:
+                why = "vanished gate row" if old_row["kind"] != "info" else "vanished info row"
             buckets["vanished"].append(_outcome(record, old_row, None, why))
             continue
         matched += 1

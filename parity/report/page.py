@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, TIE_FLIP
+from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, SKIP, TIE_FLIP
 from parity.report.baseline import INFO_LIST_FACTOR, Comparison
 from parity.report.plots import (
     AR_LAYERS,
@@ -49,7 +49,7 @@ ASSET_DIR = "review"  # figures the page draws; rewritten on every page build
 IMAGES_DIR = "images"  # PNGs a suite writes: images/<case>/<variant>.png
 VARIANT_ORDER = ("reference", "serving_eager", "serving_compiled")
 MAX_TABLE_ROWS = 3000  # beyond this a table points at results.csv instead of bloating the page
-_SEVERITY = {NOT_APPLICABLE: -1, PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
+_SEVERITY = {SKIP: -2, NOT_APPLICABLE: -1, PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
 
 ROW_COLUMNS = ("verdict", "case", "mode", "site", "metric", "value", "threshold", "better", "kind", "detail")
 
@@ -212,7 +212,7 @@ def summary_section(review: Review) -> str:
     body = [
         table(
             summary,
-            ("suite", "cases", "pass", "fail", "tie_flip", "error", "not_applicable", "worst"),
+            ("suite", "cases", "pass", "fail", "tie_flip", "error", "not_applicable", "skip", "worst"),
             row_class=suite_class,
             table_id="summary-table",
         )
@@ -233,6 +233,11 @@ def summary_section(review: Review) -> str:
     if not flips.empty:
         body.append(f"<h3>Tie flips ({len(flips)} rows: decisions inside the dtype's noise, not defects)</h3>")
         body.append(table(flips, ("verdict", "suite", "case", "mode", "site", "metric", "value", "threshold", "detail")))
+    frame = review.frame
+    not_run = frame[(frame["verdict"] == SKIP) | ((frame["verdict"] == NOT_APPLICABLE) & (frame["kind"] != "info"))]
+    if not not_run.empty:
+        body.append(f"<h3>Skipped and not applicable ({len(not_run)} rows: checks that did not run here, with the reason)</h3>")
+        body.append(table(not_run, ("verdict", "suite", "case", "mode", "metric", "detail"), table_id="skipped-rows"))
     return section("summary", "Summary: what failed", "\n".join(body))
 
 

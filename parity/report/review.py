@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, TIE_FLIP
+from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, SKIP, TIE_FLIP
 from parity.report.baseline import (
     BASELINE_DIR,
     DEFAULT_MARGIN,
@@ -47,7 +47,7 @@ from parity.report.rows import (
 
 # 3: the run did not complete (or its file is torn); `--allow-incomplete` reviews its rows anyway.
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INCOMPLETE = 0, 1, 2, 3
-_ORDER = {ERROR: 0, FAIL: 1, TIE_FLIP: 2, NOT_APPLICABLE: 3, PASS: 4}
+_ORDER = {ERROR: 0, FAIL: 1, TIE_FLIP: 2, NOT_APPLICABLE: 3, SKIP: 4, PASS: 5}
 
 
 def used_share(row: pd.Series) -> float:
@@ -152,7 +152,7 @@ def load_review(
         if candidate.exists():
             baseline = candidate
         else:
-            review.baseline_note = f"no baseline for this device kind and dtype at {candidate}"
+            review.baseline_note = f"no baseline for this device kind, dtype and target at {candidate}"
     if baseline is not None:
         rows = load_rows(baseline)
         run_kind = None
@@ -244,7 +244,7 @@ def format_review(review: Review, *, show_all: bool = False, limit: int = 20) ->
             shown = shown[shown["verdict"] != PASS]
         if shown.empty:
             continue
-        header = f"{suite}: {suite_row['cases']} cases, {suite_row['fail']} fail, {suite_row['error']} error, {suite_row['tie_flip']} tie_flip, {suite_row['not_applicable']} not_applicable"
+        header = f"{suite}: {suite_row['cases']} cases, {suite_row['fail']} fail, {suite_row['error']} error, {suite_row['tie_flip']} tie_flip, {suite_row['not_applicable']} not_applicable, {suite_row['skip']} skip"
         lines.append(header)
         for _, row in shown.head(limit).iterrows():
             lines.append(_row_line(row))

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from parity.compare import BOUND_KINDS, ERROR, FAIL, FIXED, NOT_APPLICABLE, PASS, TIE_FLIP, VERDICTS
+from parity.compare import BOUND_KINDS, ERROR, FAIL, FIXED, NOT_APPLICABLE, PASS, SKIP, TIE_FLIP, VERDICTS
 
 RESULTS_FILE = "results.csv"
 RUN_INFO_FILE = "run.json"
@@ -301,15 +301,16 @@ def read_results(path: str | Path, required: Iterable[str] = COLUMNS) -> pd.Data
 # ---------------------------------------------------------------------------------------------
 
 # A case with a passing row and rows that do not apply passes; a case whose rows all do not apply is
-# `not_applicable`.
-SUMMARY_COLUMNS = ["suite", "cases", "pass", "fail", "tie_flip", "error", "not_applicable", "worst"]
-_SEVERITY = {NOT_APPLICABLE: -1, PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
+# `not_applicable`; a case (test) that pytest skipped has one `skip` row and counts as `skip`.
+SUMMARY_COLUMNS = ["suite", "cases", "pass", "fail", "tie_flip", "error", "not_applicable", "skip", "worst"]
+_SEVERITY = {SKIP: -2, NOT_APPLICABLE: -1, PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
 CASE_KEYS = ["suite", "case", "target", "mode"]  # a case's verdict spans all its sites
 
 
 def case_verdicts(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per (suite, case, target, mode): the worst verdict among its gate rows."""
-    gates = frame[frame["kind"] != "info"]
+    """One row per (suite, case, target, mode): the worst verdict among its gate rows (a skipped
+    test's `skip` row, an info row, counts for a case with no gate row)."""
+    gates = frame[(frame["kind"] != "info") | (frame["verdict"] == SKIP)]
     if gates.empty:
         return pd.DataFrame(columns=CASE_KEYS + ["verdict"])
     worst = gates.assign(severity=gates["verdict"].map(_SEVERITY)).groupby(CASE_KEYS, sort=False)["severity"].max()
@@ -322,7 +323,7 @@ def _badness(row: pd.Series) -> float:
     value, threshold = row["value"], row["threshold"]
     if row["verdict"] == ERROR:
         return math.inf
-    if row["verdict"] == NOT_APPLICABLE or pd.isna(value) or pd.isna(threshold):
+    if row["verdict"] in (NOT_APPLICABLE, SKIP) or pd.isna(value) or pd.isna(threshold):
         return -math.inf
     if row["better"] == "equal":
         return 0.0 if value == threshold else math.inf
@@ -334,8 +335,8 @@ def _badness(row: pd.Series) -> float:
 
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per suite: cases, pass, fail, tie_flip, error, not_applicable and the gate row nearest to (or
-    past) its bound."""
+    """Per suite: cases, pass, fail, tie_flip, error, not_applicable, skip and the gate row nearest
+    to (or past) its bound."""
     verdicts = case_verdicts(frame)
     rows = []
     for suite, group in verdicts.groupby("suite", sort=True):
@@ -357,6 +358,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
                 "tie_flip": int(counts.get(TIE_FLIP, 0)),
                 "error": int(counts.get(ERROR, 0)),
                 "not_applicable": int(counts.get(NOT_APPLICABLE, 0)),
+                "skip": int(counts.get(SKIP, 0)),
                 "worst": worst,
             }
         )

@@ -12,7 +12,7 @@ with upstream semantics:
   `supports_capture` is False and `capture` is a registry that never reports capturing.
 - `embedding_modules()`: called the upstream way (gen positions get index 0 in `embed_tokens`;
   `gen_embed_tokens` sees only the gen rows' offsets).
-- `weight_name_map()`: the identity (module names are checkpoint names).
+- `weight_name_map()`: module names are checkpoint names (spelt with the release's prefixes for a release directory).
 """
 
 from __future__ import annotations
@@ -97,7 +97,9 @@ class ReferenceARAdapter:
         return self.module.model.embed_tokens, self.module.model.gen_embed_tokens
 
     def weight_name_map(self) -> dict[str, list[str]]:
-        return {name: [name] for name, _ in self.module.named_parameters()}
+        """Module names are parity's checkpoint names; a release directory spells them with its prefixes."""
+        spelt = getattr(self.module, "checkpoint_file_names", {})
+        return {name: [spelt.get(name, name)] for name, _ in self.module.named_parameters()}
 
     # ---- full-sequence computation ----
 

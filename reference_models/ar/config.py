@@ -80,17 +80,22 @@ class MammothModa2ARConfig:
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
+    # Defaults are upstream's (Mammothmoda2Qwen2_5_VLTextConfig): a config.json that leaves a key out
+    # means upstream's value, not ours (the named configurations below set every field).
     rope_theta: float = 1_000_000.0
-    rms_norm_eps: float = 1e-6
+    rms_norm_eps: float = 1e-5
     extra_gen_vocab: bool = True
     gen_vocab_size: int = 32800
-    gen_vocab_start_index: int = 152064
-    moe_type: str = "ffn-14:28"
+    gen_vocab_start_index: int | None = None  # None: vocab_size (upstream derives it so)
+    moe_type: str = "ffn"
     hidden_act: str = "silu"
     tie_word_embeddings: bool = False
     model_type: str = "mammothmoda2_qwen2_5_vl"
 
     def __post_init__(self) -> None:
+        if self.gen_vocab_start_index is None:
+            derived = self.vocab_size if self.extra_gen_vocab else self.vocab_size - self.gen_vocab_size
+            object.__setattr__(self, "gen_vocab_start_index", derived)
         parse_moe_type(self.moe_type)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
@@ -99,12 +104,10 @@ class MammothModa2ARConfig:
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}"
             )
-        if self.extra_gen_vocab and self.vocab_size != self.gen_vocab_start_index:
-            # Spec 2.1: the gen ids start right after the text table.
-            raise ValueError(
-                f"vocab_size {self.vocab_size} must equal gen_vocab_start_index {self.gen_vocab_start_index} "
-                "when extra_gen_vocab is true"
-            )
+        if self.gen_vocab_start_index < 0:
+            raise ValueError(f"gen_vocab_start_index {self.gen_vocab_start_index} must be non-negative")
+        # The gen start need not be the text table's size (docs/model.md §3): Dev's text table has
+        # 151936 rows and its gen ids start at 152064. Ids in between belong to neither table.
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (the AR experts are SwiGLU: 'silu')")
         if self.tie_word_embeddings:
@@ -118,6 +121,13 @@ class MammothModa2ARConfig:
     def logits_width(self) -> int:
         """`vocab_size + gen_vocab_size`; column `vocab_size + j` is token `start + j` (docs/model.md §2)."""
         return self.vocab_size + (self.gen_vocab_size if self.extra_gen_vocab else 0)
+
+    def token_of_column(self, column: Any) -> Any:
+        """The token id a logits column stands for: gen column `vocab_size + j` is `start + j`
+        (the identity when the gen vocabulary starts right after the text table)."""
+        if not self.extra_gen_vocab or self.gen_vocab_start_index == self.vocab_size:
+            return column
+        return column + (column >= self.vocab_size) * (self.gen_vocab_start_index - self.vocab_size)
 
     def moe_enabled(self, layer_type: str, layer_idx: int) -> bool:
         return moe_enable(self.moe_type, layer_type, layer_idx)
@@ -154,10 +164,14 @@ class MammothModa2ARConfig:
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> MammothModa2ARConfig:
+        """The AR config of a parity directory (flat, strict) or a release one (nested, read as
+        `reference_models.release.parse_ar` does)."""
         path = Path(directory) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{directory}: no config.json (an HF-style checkpoint directory needs one)")
-        return cls.from_dict(hf_checkpoint.read_json_object(path), source=str(path))
+        from reference_models.release import parse_ar
+
+        return parse_ar(hf_checkpoint.read_json_object(path), str(path)).config
 
 
 @dataclass(frozen=True)

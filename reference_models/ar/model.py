@@ -367,7 +367,7 @@ class MammothModa2ForCausalLM(nn.Module):
         tokens, step_logits = [], []
         for _ in range(max_new_tokens):
             logits = self(input_ids=ids).logits[:, -1]
-            next_token = logits.argmax(dim=-1, keepdim=True)
+            next_token = self.config.token_of_column(logits.argmax(dim=-1, keepdim=True))
             tokens.append(next_token)
             step_logits.append(logits)
             ids = torch.cat([ids, next_token], dim=1)
@@ -402,9 +402,15 @@ class MammothModa2ForCausalLM(nn.Module):
     def from_pretrained(
         cls, directory: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
     ) -> MammothModa2ForCausalLM:
-        config = MammothModa2ARConfig.from_pretrained(directory)
-        state_dict = hf_checkpoint.load_state_dict(directory, device=device)
-        return cls.from_state_dict(config, state_dict, device, dtype, source=str(directory))
+        """From a parity or a release directory (`reference_models.release.load_ar`: the nested
+        config, the prefixed names); `checkpoint_file_names` keeps how the directory spells each
+        tensor whose name differs from the module's."""
+        from reference_models.release import load_ar
+
+        config, state_dict, spelt = load_ar(directory, device=device)
+        model = cls.from_state_dict(config, state_dict, device, dtype, source=str(directory))
+        model.checkpoint_file_names = {k: v for k, v in spelt.items() if k != v}
+        return model
 
     def save_pretrained(self, directory: str | Path, *, max_shard_bytes: int | None = None) -> Path:
         directory = Path(directory)

@@ -4,7 +4,7 @@ One job: move named tensors between a directory and memory, and say precisely wh
 when a state dict does not fit a model (every missing, unexpected and wrong-shaped tensor in one
 error). The layout is the one `transformers` writes: shards `model-0000i-of-0000n.safetensors`
 and `model.safetensors.index.json` = `{"metadata": {"total_size": bytes}, "weight_map": {name:
-file}}`.
+file}}`; reading accepts an index of any name and, without one, every `*.safetensors` file.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,14 +93,17 @@ def check_field_types(cls: type, data: Mapping[str, Any], source: str, prefix: s
             )
 
 
-def read_safetensors(path: str | Path, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of one safetensors file; a file that is not one (garbage, cut short) is one
-    line naming it."""
+def read_safetensors(
+    path: str | Path, device: torch.device | str = "cpu", *, select: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of one safetensors file (only the names `select` accepts are read); a file
+    that is not one (garbage, cut short) is one line naming it."""
     try:
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             names = list(f.keys())
             for name in names:
-                yield name, f.get_tensor(name)
+                if select is None or select(name):
+                    yield name, f.get_tensor(name)
     except SafetensorError as exc:
         raise CheckpointFileError(f"{path}: not a readable safetensors file ({exc})") from None
 
@@ -164,37 +167,73 @@ def save_state_dict(directory: str | Path, state_dict: Mapping[str, torch.Tensor
     return directory
 
 
-def load_state_dict(
-    directory: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
-) -> dict[str, torch.Tensor]:
-    """Read every tensor of an HF-style directory (single file or sharded), cast to `dtype` if given."""
-    directory = Path(directory)
-    index_path = directory / INDEX_FILE
-    if index_path.is_file():
-        weight_map = read_json_object(index_path).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointFileError(f"{index_path}: key 'weight_map': expected an object of tensor name -> file")
-        files = sorted(set(weight_map.values()))
-    elif (directory / SINGLE_FILE).is_file():
-        weight_map, files = {}, [SINGLE_FILE]
-    else:
-        raise FileNotFoundError(f"{directory}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+def weight_files(directory: str | Path) -> tuple[dict[str, str], list[str], str]:
+    """(weight map, files, what was read) of a directory.
 
+    Any `*.safetensors.index.json` counts as an index (releases name theirs after the weights
+    file, e.g. `diffusion_pytorch_model.safetensors.index.json`); several indexes are merged and a
+    tensor two of them list is an error. Without an index, every `*.safetensors` file is read.
+    """
+    directory = Path(directory)
+    indexes = sorted(directory.glob("*.safetensors.index.json"))
+    if indexes:
+        weight_map: dict[str, str] = {}
+        for index in indexes:
+            listed = read_json_object(index).get("weight_map")
+            if not isinstance(listed, dict):
+                raise CheckpointFileError(f"{index}: key 'weight_map': expected an object of tensor name -> file")
+            for name, filename in listed.items():
+                if name in weight_map and weight_map[name] != filename:
+                    raise ValueError(f"{directory}: tensor {name} is listed by two indexes ({weight_map[name]}, {filename})")
+                weight_map[name] = filename
+        return weight_map, sorted(set(weight_map.values())), ", ".join(i.name for i in indexes)
+    files = sorted(p.name for p in directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{directory}: no *.safetensors file and no *.safetensors.index.json found")
+    return {}, files, ", ".join(files)
+
+
+def tensor_names(directory: str | Path) -> list[str]:
+    """Every tensor name of a directory, without reading a tensor."""
+    directory = Path(directory)
+    weight_map, files, _ = weight_files(directory)
+    if weight_map:
+        return list(weight_map)
+    names: list[str] = []
+    for filename in files:
+        with safe_open(str(directory / filename), framework="pt") as f:
+            names += list(f.keys())
+    return names
+
+
+def load_state_dict(
+    directory: str | Path,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    *,
+    select: Callable[[str], bool] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Read the tensors of an HF-style directory (single file or sharded, `weight_files`), cast to
+    `dtype` if given; with `select`, only the names it accepts (the others are never read)."""
+    directory = Path(directory)
+    weight_map, files, source = weight_files(directory)
     state_dict: dict[str, torch.Tensor] = {}
     listed_elsewhere = []
     for filename in files:
         path = directory / filename
         if not path.is_file():
-            raise FileNotFoundError(f"{index_path}: shard {filename} listed in the weight map does not exist")
-        for name, t in read_safetensors(path, device):
+            raise FileNotFoundError(f"{directory / source}: shard {filename} listed in the weight map does not exist")
+        for name, t in read_safetensors(path, device, select=select):
             if weight_map and weight_map.get(name) != filename:
                 listed_elsewhere.append(f"{name} (in {filename}, index says {weight_map.get(name)})")
                 continue
+            if name in state_dict:
+                raise ValueError(f"{directory}: tensor {name} is in two files ({filename} and an earlier one)")
             state_dict[name] = t if dtype is None else t.to(dtype)
-    unlisted = [name for name in weight_map if name not in state_dict]
+    unlisted = [name for name in weight_map if name not in state_dict and (select is None or select(name))]
     if listed_elsewhere or unlisted:
         raise ValueError(
-            f"{index_path}: index and shards disagree; tensors in a shard the index does not assign them to: "
+            f"{directory / source}: index and shards disagree; tensors in a shard the index does not assign them to: "
             f"{listed_elsewhere}; tensors the index lists but no shard holds: {unlisted}"
         )
     return state_dict

@@ -274,7 +274,7 @@ class ServingARAdapter:
         logits = self.prefill(input_ids)[:, -1]
         tokens, step_logits = [], []
         for i in range(max_new_tokens):
-            token = logits.argmax(dim=-1)
+            token = self.config.token_of_column(logits.argmax(dim=-1))
             tokens.append(token)
             step_logits.append(logits)
             if i + 1 < max_new_tokens:

@@ -25,6 +25,35 @@ QWEN2_MODEL_TYPE = "mammothmoda2_qwen2_5_vl"
 QWEN3_MODEL_TYPE = "mammothmoda2_qwen3_vl"
 
 
+# Upstream's text-config defaults per backbone, for keys a release config.json leaves out.
+RELEASE_DEFAULTS: dict[str, dict[str, Any]] = {
+    QWEN2_MODEL_TYPE: {
+        "vocab_size": 152064,
+        "hidden_size": 8192,
+        "intermediate_size": 29568,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1_000_000.0,
+        "moe_type": "ffn",
+    },
+    QWEN3_MODEL_TYPE: {
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 22016,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 5_000_000.0,
+        "moe_type": "ffn",
+        "gen_vocab_start_index": 152064,
+    },
+}
+RELEASE_LLM_KEYS = ("extra_gen_vocab", "gen_vocab_size", "gen_vocab_start_index", "moe_type")
+
+
 def moe_layer_range(moe_type: str) -> tuple[str, int, float]:
     """`"ffn-14:28"` -> ("ffn", 14, 28); `"ffn"` -> ("ffn", 0, inf). Raises ValueError when malformed."""
     if not isinstance(moe_type, str):
@@ -58,25 +87,28 @@ class MammothModa2ARConfig:
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
-    rope_theta: float = 1_000_000.0
-    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0  # defaults: upstream's Qwen2.5 text config
+    rms_norm_eps: float = 1e-5
     extra_gen_vocab: bool = True
     gen_vocab_size: int = 32800
-    gen_vocab_start_index: int = 152064
-    moe_type: str = "ffn-14:28"
+    gen_vocab_start_index: int | None = None  # None: vocab_size
+    moe_type: str = "ffn"
     hidden_act: str = "silu"
     tie_word_embeddings: bool = False
     model_type: str = QWEN2_MODEL_TYPE
 
     def __post_init__(self) -> None:
+        if self.gen_vocab_start_index is None:
+            start = self.vocab_size if self.extra_gen_vocab else self.vocab_size - self.gen_vocab_size
+            object.__setattr__(self, "gen_vocab_start_index", start)
         moe_layer_range(self.moe_type)
         if self.hidden_size % self.num_attention_heads or self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"heads do not divide: hidden_size {self.hidden_size}, num_attention_heads "
                 f"{self.num_attention_heads}, num_key_value_heads {self.num_key_value_heads}"
             )
-        if self.extra_gen_vocab and self.vocab_size != self.gen_vocab_start_index:
-            raise ValueError(f"vocab_size {self.vocab_size} must equal gen_vocab_start_index {self.gen_vocab_start_index}")
+        if self.gen_vocab_start_index < 0:  # Dev: the gen start (152064) is past its 151936-row text table
+            raise ValueError(f"gen_vocab_start_index {self.gen_vocab_start_index} must be non-negative")
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (SwiGLU experts need 'silu')")
         if self.tie_word_embeddings:
@@ -95,6 +127,12 @@ class MammothModa2ARConfig:
     @property
     def logits_width(self) -> int:
         return self.vocab_size + (self.gen_vocab_size if self.extra_gen_vocab else 0)
+
+    def token_of_column(self, column: Any) -> Any:
+        """Logits column -> token id: gen column `vocab_size + j` is token `gen_vocab_start_index + j`."""
+        if not self.extra_gen_vocab or self.gen_vocab_start_index == self.vocab_size:
+            return column
+        return column + (column >= self.vocab_size) * (self.gen_vocab_start_index - self.vocab_size)
 
     def to_dict(self) -> dict[str, Any]:
         return {"architectures": ["MammothModa2ARForCausalLM"], **dataclasses.asdict(self)}
@@ -123,10 +161,34 @@ class MammothModa2ARConfig:
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> MammothModa2ARConfig:
+        """Our flat config.json, or a release's nested one (`from_release`)."""
         path = Path(directory) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{directory}: no config.json")
-        return cls.from_dict(read_json_object(path), source=str(path))
+        data = read_json_object(path)
+        if "llm_config" in data:
+            return cls.from_release(data, source=str(path))
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_release(cls, data: Mapping[str, Any], *, source: str = "config") -> MammothModa2ARConfig:
+        """The text settings of a release `Mammothmoda2Config`: `llm_config.text_config`, with
+        `llm_config`'s own gen keys where the text config lacks them and upstream's defaults for
+        the rest; keys the model does not read are ignored, what it cannot run is refused."""
+        llm = data["llm_config"]
+        model_type = llm.get("model_type", QWEN2_MODEL_TYPE)
+        text = {**{k: v for k, v in llm.items() if k in RELEASE_LLM_KEYS}, **llm.get("text_config", {})}
+        defaults = RELEASE_DEFAULTS.get(model_type)
+        if defaults is None:
+            raise ValueError(f"{source}: llm_config.model_type {model_type!r} is not {QWEN2_MODEL_TYPE} or {QWEN3_MODEL_TYPE}")
+        rope = text.get("rope_scaling") or {}
+        if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope"):
+            raise ValueError(f"{source}: rope_scaling {rope!r}: only default / mrope RoPE is implemented")
+        if text.get("use_sliding_window"):
+            raise ValueError(f"{source}: use_sliding_window is true: sliding-window attention is not implemented")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {**defaults, **{k: v for k, v in text.items() if k in fields}, "model_type": model_type}
+        return cls(**values)
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / "config.json"

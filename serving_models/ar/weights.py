@@ -11,7 +11,7 @@ coverage map reads `weight_name_map(module)`: every serving parameter with its c
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -62,9 +62,34 @@ def _fused_owner(module: nn.Module, name: str) -> MergedColumnLinear | None:
     return owner if isinstance(owner, MergedColumnLinear) else None
 
 
+# The release layout (a composite model's prefixed names): the engine's own table, first match
+# wins; the vision tower and the other stages' tensors are not this model's.
+NOT_THIS_MODEL = ("llm_model.model.visual.", "llm_model.visual.", "model.visual.", "visual.")
+NOT_THIS_MODEL += ("gen_transformer.", "gen_vae.", "gen_image_condition_refiner.", "gen_tokenizer.")
+RELEASE_PREFIXES = (
+    ("llm_model.model.language_model.", "model."),
+    ("llm_model.lm_head.", "lm_head."),
+    ("llm_model.gen_head.", "gen_head."),
+    ("llm_model.model.", "model."),
+    ("model.language_model.", "model."),
+)
+
+
+def local_checkpoint_name(name: str) -> str | None:
+    """A file's tensor name -> the checkpoint name the map above uses; None for other models' tensors."""
+    if name.startswith(NOT_THIS_MODEL):
+        return None
+    for prefix, local in RELEASE_PREFIXES:
+        if name.startswith(prefix):
+            return local + name[len(prefix) :]
+    return name
+
+
 def weight_name_map(module: nn.Module) -> dict[str, list[str]]:
-    """Every parameter of the top-level `module` -> its checkpoint tensor names."""
-    return {name: checkpoint_names_for(name) for name, _ in module.named_parameters()}
+    """Every parameter of the top-level `module` -> its checkpoint tensor names, as they are
+    spelt in the directory it was loaded from (release names for a release directory)."""
+    spelt = getattr(module, "checkpoint_file_names", {})
+    return {name: [spelt.get(n, n) for n in checkpoint_names_for(name)] for name, _ in module.named_parameters()}
 
 
 def expected_checkpoint_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
@@ -138,7 +163,18 @@ def from_pretrained(
     directory: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> MammothModa2ForConditionalGeneration:
     config = MammothModa2ARConfig.from_pretrained(directory)
-    return build_model(config, safetensors_io.iterate_weights(directory, device), device, dtype, source=str(directory))
+    spelt: dict[str, str] = {}
+
+    def local_weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in safetensors_io.iterate_weights(directory, device):
+            local = local_checkpoint_name(name)
+            if local is not None:
+                spelt[local] = name
+                yield local, tensor
+
+    module = build_model(config, local_weights(), device, dtype, source=str(directory))
+    module.checkpoint_file_names = {k: v for k, v in spelt.items() if k != v}
+    return module
 
 
 def save_pretrained(

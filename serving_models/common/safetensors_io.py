@@ -108,23 +108,25 @@ def check_floating(tensors: Mapping[str, torch.Tensor], source: str) -> None:
 
 
 def checkpoint_files(directory: Path) -> dict[str, str]:
-    """Tensor name -> file for a sharded directory; {} for a single-file one."""
-    index = directory / INDEX_FILE
-    if index.is_file():
-        weight_map = read_json_object(index).get("weight_map")
-        if not isinstance(weight_map, dict):
+    """Tensor name -> file from every `*.safetensors.index.json` (any name: releases name theirs
+    after the weights file); {} when the directory has no index."""
+    weight_map: dict[str, str] = {}
+    for index in sorted(directory.glob("*.safetensors.index.json")):
+        listed = read_json_object(index).get("weight_map")
+        if not isinstance(listed, dict):
             raise CheckpointFileError(f"{index}: key 'weight_map': expected an object of tensor name -> file")
+        weight_map.update(listed)
+    if weight_map or any(directory.glob("*.safetensors")):
         return weight_map
-    if (directory / SINGLE_FILE).is_file():
-        return {}
-    raise FileNotFoundError(f"{directory}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+    raise FileNotFoundError(f"{directory}: no *.safetensors file and no *.safetensors.index.json found")
 
 
 def iterate_weights(directory: str | Path, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor of the directory, one file open at a time."""
+    """Yield (name, tensor) for every tensor of the directory, one file open at a time (the files
+    an index lists, or every `*.safetensors` file without one)."""
     directory = Path(directory)
     weight_map = checkpoint_files(directory)
-    files = sorted(set(weight_map.values())) if weight_map else [SINGLE_FILE]
+    files = sorted(set(weight_map.values())) if weight_map else sorted(p.name for p in directory.glob("*.safetensors"))
     for filename in files:
         path = directory / filename
         if not path.is_file():

@@ -20,11 +20,13 @@ from parity.target import load_target
 from reference_models.checkpoints import make_checkpoint
 
 ENV_TARGET, ENV_SEED, ENV_DEVICE = "PARITY_FC_TARGET", "PARITY_FC_SEED", "PARITY_FC_DEVICE"
+ENV_LAYOUT = "PARITY_FC_LAYOUT"
 
 
 def _adapter():
     target = load_target(os.environ.get(ENV_TARGET, "serving"))
-    checkpoint = make_checkpoint("ar", "tiny", int(os.environ.get(ENV_SEED, "0")), tempfile.mkdtemp(prefix="parity-fc-"))
+    seed, layout = int(os.environ.get(ENV_SEED, "0")), os.environ.get(ENV_LAYOUT, "parity")
+    checkpoint = make_checkpoint("ar", "tiny", seed, tempfile.mkdtemp(prefix="parity-fc-"), layout=layout)
     device = torch.device(os.environ.get(ENV_DEVICE, "cpu"))
     return target, target.load_ar(checkpoint, device, torch.float32), device
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from parity.cases import Count, NonNegative, Range, Steps, Table, load_case_file
-from parity.compare import Tolerance, Verdict, allclose_rule, dtype_spacing, noise_floor_rule
+from parity.compare import NOT_APPLICABLE, Tolerance, Verdict, allclose_rule, dtype_spacing, noise_floor_rule
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.ar.config import ar_config, token_layout
 from reference_models.checkpoints import make_checkpoint, random_state_dict
@@ -185,7 +185,8 @@ def build_ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPat
     config = ar_config(settings.size)
     seed = settings.seed
     if settings.size == "tiny":
-        checkpoint = make_checkpoint("ar", "tiny", seed, tmp_path_factory.mktemp("ar-checkpoint"))
+        layout = getattr(settings, "checkpoint_layout", "parity")
+        checkpoint = make_checkpoint("ar", "tiny", seed, tmp_path_factory.mktemp("ar-checkpoint"), layout=layout)
         model = target.load_ar(checkpoint, device, dtype)
         reference = ReferenceARAdapter.load(checkpoint, device, dtype)
         golden = ReferenceARAdapter.load(checkpoint, device, torch.float64) if dtype != torch.float32 else None
@@ -256,6 +257,40 @@ class ExpertUse:
     distance_gen: torch.Tensor
 
 
+def moe_observation(norm_call: Any, layer_call: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """`(x, residual, out, add_residual)` of one MoE layer's tapped calls, in either form a target
+    may have (parity.target.ARAdapter):
+
+    * plain: `pre_norm(h) -> x` and `layer_module(...) -> h + moe(x)`: `out` is the layer's output
+      and a candidate expert's output is compared as `h + expert(x)` (`add_residual` True);
+    * fused residual (vLLM style): `pre_norm(hidden, residual) -> (x, h)` with the residual add
+      fused into the norm, and `layer_module(...) -> (moe(x), h)` leaving the add to the next
+      layer's norm: `out` is `moe(x)` and a candidate is `expert(x)` itself (`add_residual` False).
+    """
+    norm_out, layer_out = norm_call.output, layer_call.output
+    fused_norm, fused_layer = isinstance(norm_out, (tuple, list)), isinstance(layer_out, (tuple, list))
+    if fused_norm != fused_layer:
+        raise TypeError(
+            f"MoE layer {layer}: pre_norm returned {type(norm_out).__name__}, layer_module {type(layer_out).__name__}; "
+            "both plain tensors or both (out, residual) pairs (docs/targets.md §4)"
+        )
+    if not fused_norm:
+        return norm_out, norm_call.input, layer_out, True
+    if len(norm_out) != 2 or len(layer_out) != 2:
+        raise TypeError(
+            f"MoE layer {layer}: fused-residual taps must be (out, residual) pairs, got {len(norm_out)} and "
+            f"{len(layer_out)} values (docs/targets.md §4)"
+        )
+    (x, residual), (moe_out, _) = norm_out, layer_out
+    return x, residual, moe_out, False
+
+
+def _candidate(expert: Any, x: torch.Tensor, residual: torch.Tensor, add_residual: bool) -> torch.Tensor:
+    """What the layer's tapped output would be had it used `expert`, in fp64 for the distance."""
+    result = expert(x)
+    return (residual + result if add_residual else result).double()
+
+
 @torch.no_grad()
 def observe_expert_use(adapter: Any, taps: dict[str, list[Any]], tol: Tolerance) -> list[ExpertUse]:
     """Match each token's layer output against `h + und(x)` and `h + gen(x)`, both computed in
@@ -266,11 +301,12 @@ def observe_expert_use(adapter: Any, taps: dict[str, list[Any]], tol: Tolerance)
     for site in adapter.moe_sites():
         (norm_call,) = taps[f"pre_norm.{site.layer}"]
         (layer_call,) = taps[f"layer.{site.layer}"]
-        x, residual, out = norm_call.output, norm_call.input, layer_call.output
+        x, residual, out, add_residual = moe_observation(norm_call, layer_call, site.layer)
         out64 = out.double()
-        d_und = (out64 - (residual + site.und(x)).double()).abs().amax(-1)
+
+        d_und = (out64 - _candidate(site.und, x, residual, add_residual)).abs().amax(-1)
         if site.gen is not None:
-            d_gen = (out64 - (residual + site.gen(x)).double()).abs().amax(-1)
+            d_gen = (out64 - _candidate(site.gen, x, residual, add_residual)).abs().amax(-1)
         else:
             d_gen = torch.full_like(d_und, float("inf"))
         used_gen = d_gen < d_und
@@ -293,3 +329,36 @@ def routing_mismatches(use: ExpertUse, ids: torch.Tensor, start: int) -> list[st
         want = "gen" if expected[b, pos] else "und"
         out.append(f"row {b} pos {pos} id {int(ids[b, pos])}: {got} (want {want})")
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine policies a target declares it does not follow (parity.target.ENGINE_POLICIES)
+# ---------------------------------------------------------------------------------------------
+
+
+def declared_not_applicable(target: Any, policy: str) -> str | None:
+    """The reason `target` gives for not following engine policy `policy`, or None when it follows it."""
+    from parity.target import ENGINE_POLICIES
+
+    if policy not in ENGINE_POLICIES:
+        raise KeyError(f"unknown engine policy {policy!r}; known: {', '.join(ENGINE_POLICIES)}")
+    reason = (getattr(target, "not_applicable", None) or {}).get(policy)
+    return str(reason) if reason else None
+
+
+def record_policy_not_applicable(report: Any, target: Any, policy: str, *, metrics: Sequence[str], **where: Any) -> bool:
+    """When `target` declares `policy` not applicable, write one `not_applicable` row per metric with
+    its reason (the check is not judged, and says so) and return True; else write nothing, False."""
+    reason = declared_not_applicable(target, policy)
+    if reason is None:
+        return False
+    for metric in metrics:
+        report.record(
+            metric=metric,
+            value=None,
+            verdict=NOT_APPLICABLE,
+            detail=f"engine policy {policy!r} declared not applicable by target {target.name!r}: {reason}",
+            better="",
+            **where,
+        )
+    return True

@@ -24,6 +24,7 @@ from parity.suites.ar.support import (
     ids_of,
     moe_taps,
     observe_expert_use,
+    record_policy_not_applicable,
     routing_mismatches,
     skip_full_size_compile,
 )
@@ -88,7 +89,7 @@ def test_expert_selection(prompt: Prompt, mode: str, ar_models, report) -> None:
 
 
 @pytest.mark.parametrize("mode", ["cpu_graph", "cuda_graph"])
-def test_dummy_capture_runs_both_experts(mode: str, ar_models, report, device) -> None:
+def test_dummy_capture_runs_both_experts(mode: str, ar_models, report, device, target) -> None:
     """A graph captured on an all-false mask (all-zero ids) still contains the gen expert, so it
     can serve gen tokens; eager on the same ids keeps its und-only fast path."""
     models = ar_models
@@ -103,7 +104,12 @@ def test_dummy_capture_runs_both_experts(mode: str, ar_models, report, device) -
     for site in models.target.moe_sites():
         taps[f"und.{site.layer}"] = site.und
         taps[f"gen.{site.layer}"] = site.gen
-    for run_mode in ("eager", mode):
+    run_modes = ["eager", mode]
+    for site in models.target.moe_sites():  # eager's und-only fast path is a policy (docs/targets.md §5)
+        where = dict(case="dummy-capture-all-und-ids", mode="eager", site=f"layer.{site.layer}")
+        if record_policy_not_applicable(report, target, "eager_fast_path", metrics=["gen_expert_calls"], **where):
+            run_modes = [mode]
+    for run_mode in run_modes:
         with _prepare(models, run_mode, models.target.forward, (ids,), taps, "forward") as prepared:
             result = prepared(ids)
         for site in models.target.moe_sites():

@@ -21,7 +21,7 @@ from parity.compare import AT_LEAST, EXACTLY, count_rule, diff, flag_rule, thres
 from parity.env import PROJECT_ROOT
 from parity.runners import CaptureError, make_runner
 from parity.suites.ar import fail_closed_cases
-from parity.suites.ar.support import PROMPTS, TOL, moe_taps, observe_expert_use
+from parity.suites.ar.support import PROMPTS, TOL, moe_taps, observe_expert_use, record_policy_not_applicable
 from parity.suites.conftest import require_graph_support
 
 pytestmark = pytest.mark.suite("fail_closed_capture")
@@ -33,13 +33,16 @@ REQUIRED_PHRASES = {
 }
 
 
-def _record_refusal(report, mode: str, refused: bool, message: str, kind: str) -> None:
+def _record_refusal(report, target, mode: str, refused: bool, message: str, kind: str) -> None:
     report.verdict(
         flag_rule(refused, metric="capture_refused", detail=f"{kind}: {message[:600]}"),
         case="capture-without-mask",
         mode=mode,
         better="equal",
     )
+    where = dict(case="capture-without-mask", mode=mode)
+    if record_policy_not_applicable(report, target, "refusal_wording", metrics=list(REQUIRED_PHRASES), **where):
+        return
     for metric, phrase in REQUIRED_PHRASES.items():
         present = phrase in message
         report.verdict(
@@ -54,6 +57,7 @@ def _child_env(monkeypatch, settings, device: str) -> None:
     monkeypatch.setenv(fail_closed_cases.ENV_TARGET, settings.target)
     monkeypatch.setenv(fail_closed_cases.ENV_SEED, str(settings.seed))
     monkeypatch.setenv(fail_closed_cases.ENV_DEVICE, device)
+    monkeypatch.setenv(fail_closed_cases.ENV_LAYOUT, settings.checkpoint_layout)
 
 
 @pytest.mark.parametrize("mode", ["cpu_graph", "cuda_graph"])
@@ -71,7 +75,7 @@ def test_capture_without_mask_fails_closed(mode: str, ar_models, report, setting
             cause = error.__cause__ if isinstance(error, CaptureError) and error.__cause__ is not None else error
             refused = isinstance(cause, RuntimeError)
             message, kind = str(cause), type(cause).__name__
-        _record_refusal(report, mode, refused, message, kind)
+        _record_refusal(report, target, mode, refused, message, kind)
         return
     if settings.device != "cuda":
         pytest.skip("cuda_graph needs --device cuda")
@@ -83,7 +87,7 @@ def test_capture_without_mask_fails_closed(mode: str, ar_models, report, setting
     )
     message = outcome.message or "the capture succeeded: und expert baked for every token"
     refused = not outcome.captured and outcome.cause_type == "RuntimeError"
-    _record_refusal(report, mode, refused, message, f"{outcome.error_type}/{outcome.cause_type} (fresh process)")
+    _record_refusal(report, target, mode, refused, message, f"{outcome.error_type}/{outcome.cause_type} (fresh process)")
 
 
 def test_eager_without_mask_still_runs(ar_models, report) -> None:
@@ -111,8 +115,11 @@ def test_eager_without_mask_still_runs(ar_models, report) -> None:
         )
 
 
-def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, monkeypatch) -> None:
+def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, target, monkeypatch) -> None:
     require_graph_support(ar_models.target, "cpu_graph")
+    where = dict(case="missing-probe-warn-once")
+    if record_policy_not_applicable(report, target, "probe_warning", metrics=["missing_probe_warnings"], **where):
+        return
     _child_env(monkeypatch, settings, "cpu")
     code = "from parity.suites.ar.fail_closed_cases import count_missing_probe_warnings as c; print('WARNINGS', c(25))"
     done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
@@ -133,12 +140,15 @@ def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, m
     )
 
 
-def test_requires_raw_input_tokens(ar_models, report) -> None:
+def test_requires_raw_input_tokens(ar_models, report, target) -> None:
     """The attribute on the top-level module and every AR wrapper class the target declares, and
     by behaviour: the multimodal entry gives the logits of an ids forward, not of an embeddings-only one."""
     models = ar_models
     require_graph_support(models.target, "cpu_graph")
     holders = [type(models.target.module), *getattr(models.target, "ar_wrapper_classes", lambda: [])()]
+    policy = "raw_input_tokens_attribute"
+    if record_policy_not_applicable(report, target, policy, metrics=["requires_raw_input_tokens"], case="attribute"):
+        holders = []
     for holder in holders:
         value = getattr(holder, "requires_raw_input_tokens", False) is True
         report.verdict(
@@ -170,10 +180,13 @@ def test_requires_raw_input_tokens(ar_models, report) -> None:
     )
 
 
-def test_pipeline_factory_seeds_gen_token_mask(ar_models, report) -> None:
+def test_pipeline_factory_seeds_gen_token_mask(ar_models, report, target) -> None:
     """The factory the constructor installed (not a helper called directly) seeds the mask."""
     models = ar_models
     require_graph_support(models.target, "cpu_graph")
+    where = dict(case="pp-empty-intermediate-tensors")
+    if record_policy_not_applicable(report, target, "pipeline_parallel_factory", metrics=["factory_installed"], **where):
+        return
     factory = getattr(models.target.module, "make_empty_intermediate_tensors", None)
     if factory is None:
         report.verdict(

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.suite("weight_coverage")
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(settings, tmp_path_factory):
-    return make_checkpoint("ar", "tiny", settings.seed, tmp_path_factory.mktemp("coverage-checkpoint"))
+    directory = tmp_path_factory.mktemp("coverage-checkpoint")
+    return make_checkpoint("ar", "tiny", settings.seed, directory, layout=settings.checkpoint_layout)
 
 
 def _calls(adapter, device: torch.device):

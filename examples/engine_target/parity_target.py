@@ -1,0 +1,196 @@
+"""The parity adapter of the example engine: what a porter writes to point parity at their model.
+
+`--parity-target examples.engine_target.parity_target:make_target` (with this repository's root on
+`PYTHONPATH`; an engine puts this file in its own package). The contract it fulfils is
+docs/targets.md; every member below says which part. The engine (`engine.py`) is untouched: the
+adapter only translates between parity's calls and the engine's own forward signature, and
+observes the engine's fused-residual layers as they are.
+
+An AR-only target: no `load_dit` / `build_dit` and no `router()`, so the DiT and routing suites
+skip with that reason. Engine policies this engine does not follow are declared in
+`not_applicable` with the reason; parity records those checks as `not_applicable` rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from examples.engine_target.engine import PROBES, EngineConfig, MammothEngineModel, build_engine_model, read_checkpoint
+
+
+class AROutput(NamedTuple):
+    logits: torch.Tensor  # [B, L, vocab + gen_vocab]
+    hidden_states: tuple[torch.Tensor, ...]  # per decoder layer, [B, L, D], before the final norm
+
+
+class GenerateOutput(NamedTuple):
+    tokens: torch.Tensor  # [B, N]
+    step_logits: torch.Tensor  # [B, N, vocab + gen_vocab]; step i chose tokens[:, i]
+
+
+class MoESite(NamedTuple):
+    layer: int
+    pre_norm: nn.Module  # fused: (hidden, residual) -> (x, h)
+    layer_module: nn.Module  # fused: -> (moe(x), h)
+    und: nn.Module
+    gen: nn.Module
+
+
+class EngineARAdapter:
+    name = "engine-example"
+    supports_capture = True
+    capture = PROBES
+
+    def __init__(self, model: MammothEngineModel, checkpoint_names: Mapping[str, list[str]]) -> None:
+        self.module = model
+        self._checkpoint_names = dict(checkpoint_names)
+        self.kv_caches: list[torch.Tensor] | None = None
+        # Per-layer outputs for `hidden_states`: the engine's layers return (moe_out, residual); the
+        # hidden state a reference layer returns is their sum (what the next fused norm computes).
+        # Hooks registered once: a forward that added and removed hooks could not be compiled.
+        self._sink: list[torch.Tensor] | None = None
+        for layer in model.layers:
+            layer.register_forward_hook(self._record)
+
+    def _record(self, _module: nn.Module, _args: tuple, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        if self._sink is not None:
+            self._sink.append(output[0] + output[1])
+
+    @classmethod
+    def build(
+        cls, config: Any, weights: Iterable[tuple[str, torch.Tensor]], device: torch.device | str, dtype: torch.dtype
+    ) -> EngineARAdapter:
+        model, names = build_engine_model(EngineConfig.from_hf(config), weights, device, dtype)
+        return cls(model, names)
+
+    # ---- structure (docs/targets.md §3) ----
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.module.config
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, layer in enumerate(self.module.layers) if layer.gen_mlp is not None)
+
+    def moe_sites(self) -> list[MoESite]:
+        return [
+            MoESite(i, layer.post_attention_layernorm, layer, layer.mlp, layer.gen_mlp)
+            for i, layer in enumerate(self.module.layers)
+            if layer.gen_mlp is not None
+        ]
+
+    def embedding_modules(self) -> tuple[nn.Module, nn.Module]:
+        return self.module.embed_tokens, self.module.gen_embed_tokens
+
+    def weight_name_map(self) -> dict[str, list[str]]:
+        """Engine parameter -> the checkpoint tensors (names as in the loaded directory) it holds."""
+        return dict(self._checkpoint_names)
+
+    # ---- computation ----
+
+    @staticmethod
+    def _positions(batch: int, length: int, device: torch.device) -> torch.Tensor:
+        return torch.arange(length, device=device).expand(batch, length)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.module.embed(input_ids)
+
+    def _run(self, call: Callable[[], torch.Tensor]) -> AROutput:
+        self._sink = []
+        try:
+            hidden = call()
+            return AROutput(self.module.compute_logits(hidden), tuple(self._sink))
+        finally:
+            self._sink = None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        gen_token_mask: torch.Tensor | None = None,
+    ) -> AROutput:
+        shaped = input_ids if input_ids is not None else inputs_embeds
+        positions = self._positions(shaped.shape[0], shaped.shape[1], shaped.device)
+        return self._run(lambda: self.module(input_ids, positions, None, inputs_embeds, gen_token_mask))
+
+    def forward_multimodal(self, inputs_embeds: torch.Tensor, input_ids: torch.Tensor) -> AROutput:
+        """The engine's runner always hands the ids beside the embeddings (the mask comes from them)."""
+        return self.forward(input_ids, inputs_embeds)
+
+    def allocate_decode_state(self, batch: int, max_len: int) -> list[torch.Tensor]:
+        self.kv_caches = self.module.allocate_kv_caches(batch, max_len)
+        return self.kv_caches
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        positions = self._positions(input_ids.shape[0], input_ids.shape[1], input_ids.device)
+        return self.module.compute_logits(self.module(input_ids, positions, self.kv_caches))
+
+    def decode_step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One token per sequence at `positions` [B]; capturable (static shapes, caches written in place)."""
+        return self.module.compute_logits(self.module(input_ids, positions[:, None], self.kv_caches)[:, 0])
+
+    def token_of_column(self, column: torch.Tensor) -> torch.Tensor:
+        """Logits column -> token id: gen column `vocab_size + j` is token `gen_vocab_start_index + j`."""
+        vocab, start = self.config.vocab_size, self.config.gen_vocab_start_index
+        return torch.where(column >= vocab, column - vocab + start, column)
+
+    @torch.no_grad()
+    def greedy_generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        step_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> GenerateOutput:
+        batch, length = input_ids.shape
+        if step_fn is None:
+            self.allocate_decode_state(batch, length + max_new_tokens)
+        logits = self.prefill(input_ids)[:, -1]
+        tokens, step_logits = [], []
+        for i in range(max_new_tokens):
+            token = self.token_of_column(logits.argmax(dim=-1))
+            tokens.append(token)
+            step_logits.append(logits)
+            if i + 1 < max_new_tokens:
+                positions = torch.full((batch,), length + i, dtype=torch.long, device=input_ids.device)
+                logits = (step_fn or self.decode_step)(token[:, None], positions)
+        width = self.config.vocab_size + self.config.gen_vocab_size
+        if not tokens:
+            return GenerateOutput(input_ids.new_zeros(batch, 0), logits.new_zeros(batch, 0, width))
+        return GenerateOutput(torch.stack(tokens, dim=1), torch.stack(step_logits, dim=1))
+
+
+class EngineTarget:
+    """AR only. `not_applicable`: the engine policies of parity's AR suites this engine does not follow."""
+
+    name = "engine-example"
+    capture = PROBES
+    not_applicable = {
+        "refusal_wording": "the engine refuses capture without a mask in its own words (the refusal is still checked)",
+        "probe_warning": (
+            "the engine asks its capture probe only where a layer has no mask (to refuse the capture), so a "
+            "forward with ids never asks and never warns"
+        ),
+        "raw_input_tokens_attribute": "the engine's runner always passes input_ids beside inputs_embeds; no runner flag",
+        "pipeline_parallel_factory": "the engine has no pipeline parallelism",
+        "eager_fast_path": "the engine runs the graph-safe blend in eager too (one code path in every mode)",
+    }
+
+    def load_ar(self, checkpoint_dir: str | Path, device: torch.device | str, dtype: torch.dtype) -> EngineARAdapter:
+        config, weights = read_checkpoint(checkpoint_dir)
+        return EngineARAdapter.build(config, weights, device, dtype)
+
+    def build_ar(
+        self, config: Any, state_dict: Mapping[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype
+    ) -> EngineARAdapter:
+        return EngineARAdapter.build(config, state_dict.items(), device, dtype)
+
+
+def make_target() -> EngineTarget:
+    return EngineTarget()

@@ -1,0 +1,132 @@
+"""`parity inspect-checkpoint DIR`: what a checkpoint directory holds and whether both sides load it.
+
+Per model family registered for the release layout (`reference_models.release.FAMILIES`, named by
+string so the core imports no model): the recognised config (each field with the key it came
+from, or the upstream default it fell back to), the keys the family keeps but ignores (with why),
+and per implementation (the reference and the target) the tensor mapping: matched (read by the
+implementation and present), unused (the family's tensors present but never read), missing (read
+but absent). A tensor no family claims and a top-level key no family reads are listed too. The
+result is not ok when a config contradicts itself or an implementation cannot load the directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from pathlib import Path
+from typing import Any
+
+RELEASE = "reference_models.release"
+HF_CHECKPOINT = "reference_models.common.hf_checkpoint"
+METADATA_KEYS = ("model_type", "architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path")
+LIST_LIMIT = 8
+
+
+def _names(items: list[str]) -> str:
+    shown = ", ".join(items[:LIST_LIMIT])
+    return shown + (f", ... ({len(items) - LIST_LIMIT} more)" if len(items) > LIST_LIMIT else "")
+
+
+def _groups(names: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for name in names:
+        prefix = ".".join(name.split(".")[:2]) + ".*"
+        counts[prefix] = counts.get(prefix, 0) + 1
+    return ", ".join(f"{prefix} ({count})" for prefix, count in counts.items())
+
+
+@dataclasses.dataclass
+class Inspection:
+    lines: list[str]
+    ok: bool
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _mapping(label: str, adapter: Any, family_names: set[str], present: set[str]) -> list[str]:
+    read = {name for names in adapter.weight_name_map().values() for name in names}
+    matched, missing = sorted(read & present), sorted(read - present)
+    unused = sorted(family_names - read)
+    lines = [f"    {label}: matched {len(matched)}, unused {len(unused)}, missing {len(missing)}"]
+    if unused:
+        lines.append(f"      unused: {_groups(unused)}: {_names(unused)}")
+    if missing:
+        lines.append(f"      missing: {_names(missing)}")
+    return lines
+
+
+def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", device: str = "cpu") -> Inspection:
+    import torch
+
+    from parity.target import TargetError, resolve_target
+
+    release = importlib.import_module(RELEASE)
+    hf = importlib.import_module(HF_CHECKPOINT)
+    directory = Path(directory)
+    ok = True
+    data = release.read_config_json(directory)
+    names = hf.tensor_names(directory)
+    _, _, source = hf.weight_files(directory)
+    layout = "release" if release.is_release_config(data) else "parity"
+    lines = [f"checkpoint {directory}: {layout} layout; {len(names)} tensors in {source}"]
+    claimed: set[str] = set()
+    read_keys: set[str] = set()
+    try:
+        target = resolve_target(target_spec)
+    except TargetError as exc:
+        target, ok = None, False
+        lines.append(f"target: {exc}")
+    for family in release.FAMILIES.values():
+        own = {n: family.local_name(n) for n in names}
+        own = {n: found for n, found in own.items() if found is not None}
+        keys = [k for k in family.config_keys if k in data]
+        if not own and not (layout == "release" and keys):
+            lines.append(f"{family.name}: not in this checkpoint")
+            continue
+        read_keys.update(keys)
+        claimed.update(own)
+        lines.append(f"{family.name}: config from {', '.join(keys) or 'config.json'}")
+        try:
+            parsed = family.parse(data, str(directory / "config.json"))
+        except ValueError as exc:
+            ok = False
+            lines.append(f"  config refused: {exc}")
+            continue
+        lines.append(f"  recognised ({len(parsed.recognised)}):")
+        width = max(len(k) for k in parsed.recognised)
+        for key, (value, where) in parsed.recognised.items():
+            lines.append(f"    {key:<{width}} = {release.describe_value(value):<24} from {where}")
+        lines.append(f"  ignored ({len(parsed.ignored)}):")
+        for path, value in parsed.ignored.items():
+            lines.append(f"    {path} = {release.describe_value(value, 40)}: {parsed.reasons.get(path, 'not read')}")
+        used = {n for n, (local, _) in own.items() if local is not None}
+        known = {n: reason for n, (local, reason) in own.items() if local is None}
+        lines.append(f"  tensors: {len(used)} of this family, {len(known)} known and not used")
+        for reason in sorted(set(known.values())):
+            group = sorted(n for n, r in known.items() if r == reason)
+            lines.append(f"    not used ({reason}): {_groups(group)}")
+        sides = [("reference", lambda d=directory, f=family: f.reference_loader(d, device, torch.float32))]
+        if target is not None:
+            loader = getattr(target, family.target_loader, None)
+            if loader is None:
+                lines.append(f"    target {target_spec}: provides no {family.target_loader}: not inspected")
+            else:
+                sides.append((f"target {target_spec}", lambda d=directory, load=loader: load(d, device, torch.float32)))
+        for label, load in sides:
+            try:
+                adapter = load()
+            except Exception as exc:
+                ok = False
+                text = f"{type(exc).__name__}: {exc}".replace("\n", " | ")
+                lines.append(f"    {label}: cannot load: {text[:600]}")
+                continue
+            lines += _mapping(label, adapter, used, set(names))
+    unclaimed = sorted(set(names) - claimed)
+    if unclaimed:
+        lines.append(f"tensors no family claims ({len(unclaimed)}): {_groups(unclaimed)}")
+    unread = sorted(k for k in data if k not in read_keys and k not in METADATA_KEYS)
+    if layout == "release" and unread:
+        lines.append(f"top-level keys no family reads ({len(unread)}): {', '.join(unread)}")
+    lines.append("ok: both implementations load every family present" if ok else "NOT OK: see the lines above")
+    return Inspection(lines, ok)
