@@ -93,10 +93,7 @@ def read_config_json(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{directory}: no {CONFIG_FILE}")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ReleaseConfigError(f"{path}: not JSON: {exc}") from exc
+    return hf_checkpoint.read_json_object(path)  # not UTF-8, not JSON, not an object: one line naming the file
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,13 +277,19 @@ def load_ar(
 ) -> tuple[MammothModa2ARConfig, dict[str, torch.Tensor], dict[str, str]]:
     """(config, state dict under parity names, parity name -> name in the directory) of the AR in
     a parity or release directory. Tensors another family owns, or that the AR family knows and
-    does not use (the vision tower), are not read."""
+    does not use (the vision tower), are not read; in a parity-layout directory a tensor no family
+    knows is, and the model's shape check refuses it as unexpected (a release lists such tensors in
+    `inspect-checkpoint` instead)."""
     directory = Path(directory)
-    parsed = parse_ar(read_config_json(directory), str(directory / CONFIG_FILE))
+    config_data = read_config_json(directory)
+    parsed = parse_ar(config_data, str(directory / CONFIG_FILE))
+    release = is_release_config(config_data)
     family = FAMILIES["ar"]
     names: dict[str, str] = {}
     for name in hf_checkpoint.tensor_names(directory):
         found = family.local_name(name)
+        if found is None and not release and not any(other.local_name(name) is not None for other in FAMILIES.values()):
+            found = (name, "no family's: read, so the model's check names it unexpected")
         if found is not None and found[0] is not None:
             if found[0] in names:
                 raise ValueError(f"{directory}: tensors {names[found[0]]} and {name} both map to {found[0]}")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from parity.cli import main
-from parity.report import COLUMNS
+from parity.report import COLUMNS, COMPLETE, write_run_info
 from parity.report.baseline import BaselineError, default_baseline_path, load_rows, write_baseline
 
 pytestmark = pytest.mark.cpu
@@ -43,8 +43,10 @@ def run_rows(target: str = "serving", cases: tuple[str, ...] = ("a", "b")) -> pd
 
 
 def write_run(run_dir: Path, frame: pd.DataFrame) -> Path:
+    """A complete run (run.json says so: a baseline is never written from an incomplete one)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(run_dir / "results.csv", index=False)
+    write_run_info(run_dir, {"run_id": run_dir.name, "status": COMPLETE})
     return run_dir
 
 

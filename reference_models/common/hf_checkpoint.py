@@ -201,8 +201,11 @@ def tensor_names(directory: str | Path) -> list[str]:
         return list(weight_map)
     names: list[str] = []
     for filename in files:
-        with safe_open(str(directory / filename), framework="pt") as f:
-            names += list(f.keys())
+        try:
+            with safe_open(str(directory / filename), framework="pt") as f:
+                names += list(f.keys())
+        except SafetensorError as exc:
+            raise CheckpointFileError(f"{directory / filename}: not a readable safetensors file ({exc})") from None
     return names
 
 
