@@ -117,6 +117,36 @@ class ImageCase:
     cfg_range: tuple[float, float]
     seed: int
     text_seed: int
+    negative_len: int = 0  # > 0: a negative prompt of this many tokens for the unconditional branch
+    negative_seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleLattice:
+    """The sampler's schedule compared bit for bit at every (steps, latent size) point."""
+
+    steps: list[int]
+    sizes: list[tuple[int, int]]
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerCase:
+    """The sampling loop of target and reference around one stand-in velocity (model-free)."""
+
+    name: str
+    size: Size
+    dtype: Literal["fp32", "bf16", "fp16"]  # the loop's model dtype, whatever the run's dtype
+    height: int
+    width: int
+    steps: int
+    guidance_scale: float
+    cfg_range: tuple[float, float]
+    text_len: int
+    seed: int
+    text_seed: int
+    negative_len: int = 0
+    negative_seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +175,8 @@ CASES = load_case_file(
         "compiled": Table(BlockCase),
         "image_thresholds": Table(ImageThreshold, keyed=True),
         "image": Table(ImageCase),
+        "schedule": Table(ScheduleLattice, many=False),
+        "sampler": Table(SamplerCase),
     },
 )
 
