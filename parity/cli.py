@@ -17,12 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from parity import env
-from parity.plugin.options import add_run_options, pytest_args
+from parity.plugin.options import add_run_options, plugin_load_args, pytest_args
 from parity.report import ReportError, format_summary, mutation_score, new_run_id, outcome, read_results
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 DEFAULT_REPORT_DIR = Path("reports") / "runs"  # relative to the directory parity runs in
-PLUGIN = ("parity", "parity.plugin")  # the pytest11 entry point: name, module
 CHECKPOINT_MAKER = "reference_models.checkpoints:make_checkpoint"
 PYTEST_NO_TESTS = 5
 
@@ -132,20 +131,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def plugin_is_installed() -> bool:
-    """Whether pytest loads the plugin by itself (the `pytest11` entry point of an installed parity)."""
-    from importlib.metadata import entry_points
-
-    return any((ep.name, ep.value) == PLUGIN for ep in entry_points(group="pytest11"))
-
-
 def pytest_args_for_run(args: argparse.Namespace, run_id: str) -> list[str]:
     """The pytest command line `parity run` executes (also used by tests and the CI docs)."""
     lane = "gpu" if args.device == "cuda" else "cpu"
     marker = lane if args.benchmarks else f"{lane} and not benchmark"
     values = {**vars(args), "run_id": run_id}
-    argv = [] if plugin_is_installed() else ["-p", PLUGIN[1]]  # a checkout run without installing
-    argv += [str(SUITES_DIR), "-m", marker, *pytest_args(values), "--parity-no-summary", "-rfE", "-p", "no:cacheprovider"]
+    argv = [
+        *plugin_load_args(),
+        str(SUITES_DIR),
+        "-m",
+        marker,
+        *pytest_args(values),
+        "--parity-no-summary",
+        "-rfE",
+        "-p",
+        "no:cacheprovider",
+    ]
     if args.numprocesses and not args.benchmarks:
         argv += ["-n", str(args.numprocesses)]
     extra = list(args.pytest_args)

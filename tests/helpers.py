@@ -29,9 +29,9 @@ def run(args: list[str], *, cwd: Path = PROJECT_ROOT, timeout: float = 300, **en
 def plugin_args() -> list[str]:
     """`-p parity.plugin` where pytest would not load the plugin by itself (a checkout without
     `pip install`: no `pytest11` entry point), nothing where it would."""
-    from parity.cli import PLUGIN, plugin_is_installed
+    from parity.plugin.options import plugin_load_args
 
-    return [] if plugin_is_installed() else ["-p", PLUGIN[1]]
+    return plugin_load_args()
 
 
 def run_pytest(args: list[str], **kwargs) -> subprocess.CompletedProcess:

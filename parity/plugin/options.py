@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 PYTEST_PREFIX = "parity-"
+ENTRY_POINT = ("parity", "parity.plugin")  # the pytest11 entry point: name, module
 DEVICES = ("cpu", "cuda")
 SIZES = ("tiny", "full")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -119,3 +120,16 @@ def pytest_args(values: Mapping[str, Any]) -> list[str]:
         elif value is not None and value != option.kwargs.get("default"):
             argv += [flag, str(value)]
     return argv
+
+
+def plugin_is_installed() -> bool:
+    """Whether pytest loads the plugin by itself (the `pytest11` entry point of an installed parity)."""
+    from importlib.metadata import entry_points
+
+    return any((ep.name, ep.value) == ENTRY_POINT for ep in entry_points(group="pytest11"))
+
+
+def plugin_load_args() -> list[str]:
+    """`-p parity.plugin` for a pytest that would not find the plugin by itself (a checkout run
+    without installing, e.g. `PYTHONPATH=.` on a GPU box); nothing where the entry point exists."""
+    return [] if plugin_is_installed() else ["-p", ENTRY_POINT[1]]

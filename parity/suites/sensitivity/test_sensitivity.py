@@ -22,6 +22,7 @@ import pytest
 
 from parity.compare import NOT_APPLICABLE, Verdict, flag_rule
 from parity.env import PROJECT_ROOT
+from parity.plugin.options import plugin_load_args
 from parity.report import read_results
 from parity.suites.sensitivity.catalogue import Kill, NotApplicable, all_mutants, lane_of
 from parity.suites.sensitivity.sessions import DEFAULT_PRELOAD, PytestForkServer
@@ -47,6 +48,7 @@ def sessions() -> Iterator[PytestForkServer]:
 def _child(sessions: PytestForkServer, args: list[str], kill: Kill, out: Path, settings) -> tuple[int, pd.DataFrame | None, str]:
     """An isolated pytest session at the selection's configuration; its rows go under `out`."""
     argv = [
+        *plugin_load_args(),  # a checkout run without installing (the GPU box) has no entry point
         *args,
         "-p",
         "no:cacheprovider",
