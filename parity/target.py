@@ -140,7 +140,12 @@ class ARAdapter(Protocol):
 
 class DiTAdapter(Protocol):
     """The DiT stage: velocity of one denoising step, block sites in execution order, and the
-    whole pipeline (sample with CFG, decode to uint8 RGB). Sizes are latent sizes."""
+    whole pipeline (sample with CFG, decode to uint8 RGB). Sizes are latent sizes.
+
+    `timesteps` is the sampler's schedule (`[steps + 1]` float32 times, t_N = 1); `sample` calls
+    `module` for every velocity (the sampler suite swaps it for a stand-in), returns the latents
+    in the model dtype and takes the negative prompt's states for the unconditional branch (empty
+    text without them); docs/model.md §8 has the release's semantics."""
 
     name: str
     config: Any
@@ -148,6 +153,7 @@ class DiTAdapter(Protocol):
 
     def forward(self, latents: Any, timestep: Any, text_states: Any, text_mask: Any) -> Any: ...
     def block_sites(self) -> list[tuple[str, Any]]: ...
+    def timesteps(self, steps: int, height: int, width: int) -> Any: ...
     def sample(
         self,
         text_states: Any,
@@ -158,6 +164,8 @@ class DiTAdapter(Protocol):
         guidance_scale: float,
         cfg_range: Any = ...,
         seed: int = 0,
+        negative_states: Any = None,
+        negative_mask: Any = None,
     ) -> Any: ...
     def decode(self, latents: Any) -> Any: ...
     def text_condition(self, length: int, seed: int, batch: int = 1) -> Any: ...

@@ -125,10 +125,52 @@ def test_reference_rejects_positions_outside_axes_lens():
 
 
 def test_serving_rejects_text_longer_than_axes_lens():
-    reference, serving = tiny_pair()
-    states = torch.zeros(1, 128, 64)
+    _, serving = tiny_pair()
+    states = torch.zeros(1, 129, 64)
     with pytest.raises(ValueError, match="exceed axes_lens"):
-        serving.forward(latents((1, 16, 8, 8)), torch.tensor([0.5]), states, torch.ones(1, 128, dtype=torch.bool))
+        serving.forward(latents((1, 16, 8, 8)), torch.tensor([0.5]), states, torch.ones(1, 129, dtype=torch.bool))
+
+
+def test_both_refuse_128_real_tokens_at_axes_lens_128():
+    """128 real tokens put the image tokens at t = 128, outside the 128-row table: both refuse."""
+    reference, serving = tiny_pair()
+    states, mask = torch.zeros(1, 128, 64), torch.ones(1, 128, dtype=torch.bool)
+    inputs = (latents((1, 16, 8, 8)), torch.tensor([0.5]), states, mask)
+    with pytest.raises(RuntimeError, match="real text length of 128 tokens reaches axes_lens\\[0\\] = 128"):
+        serving.forward(*inputs)
+    with pytest.raises(ValueError, match="RoPE position 128 on axis t is outside axes_lens\\[0\\] = 128"):
+        reference.forward(*inputs)
+
+
+def boundary_inputs() -> tuple[torch.Tensor, ...]:
+    """Text length 128 (= axes_lens[0] of the tiny config) with 127 real tokens in row 0 and 5 in
+    row 1: the positions stay inside the tables, upstream and the reference accept it."""
+    states, mask = tiny_pair()[1].text_condition(128, seed=5, batch=2)
+    mask[0, 127:] = False
+    mask[1, 5:] = False
+    return latents((2, 16, 8, 8)), torch.tensor([0.5, 0.5]), states, mask
+
+
+def test_serving_accepts_text_length_128_with_127_real_tokens():
+    reference, serving = tiny_pair()
+    assert serving.config.axes_lens[0] == 128
+    inputs = boundary_inputs()
+    # fp32 summation-order noise of the two implementations (cases/dit.toml, serving_vs_reference_fp32)
+    torch.testing.assert_close(serving.forward(*inputs), reference.forward(*inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_boundary_test_fails_with_the_padded_length_check(monkeypatch):
+    """The defect this replaces: the check bounded the padded length (`L >= axes_lens[0]` refused),
+    so the boundary inputs were refused although every position fits."""
+    _, serving = tiny_pair()
+
+    def padded_length_check(self, text_mask, grid_h, grid_w):
+        if text_mask.shape[1] >= self.config.axes_lens[0]:
+            raise ValueError("exceed axes_lens (padded length)")
+
+    monkeypatch.setattr(type(serving.module), "_check_positions", padded_length_check)
+    with pytest.raises(ValueError, match="padded length"):
+        test_serving_accepts_text_length_128_with_127_real_tokens()
 
 
 def test_rope_theta_is_live_in_the_serving_model():

@@ -21,6 +21,7 @@ SUITES_WITH_ROWS = {
     "decode",
     "weight_coverage",
     "image",
+    "sampler",
     "routing",
 }
 

@@ -13,9 +13,12 @@ Adapter shape (the same in `serving_models/dit/adapter.py`; the harness codifies
         -> velocity [B,C,H,W] in adapter.dtype (no grad)
     adapter.block_sites() -> list[(name, TransformerBlock)] in execution order:
         context_refiner.0.., noise_refiner.0.., layers.0..
+    adapter.timesteps(steps, height, width) -> the N + 1 flow-match times, float32 on the CPU
     adapter.sample(text_states [B,L,D], text_mask [B,L], height, width, steps, guidance_scale,
-                   cfg_range=(0.0, 1.0), seed=0) -> latents [B,C,height,width] fp32 (fp64 for fp64)
-        height/width are LATENT sizes (the image is 8x larger)
+                   cfg_range=(0.0, 1.0), seed=0, negative_states=None [B,L',D], negative_mask=None [B,L'])
+        -> latents [B,C,height,width] in adapter.dtype (the state the release keeps between steps)
+        height/width are LATENT sizes (the image is 8x larger); without negative states the
+        unconditional branch gets empty text
     adapter.decode(latents [B,C,h,w]) -> uint8 [B, 8h, 8w, 3]
     adapter.generate(<sample's arguments>) -> uint8 [B, 8h, 8w, 3]  (= decode(sample(...)))
     adapter.text_condition(length, seed, batch=1) -> (text_states fp32 [B,L,D], mask [B,L] bool),
@@ -24,13 +27,17 @@ Adapter shape (the same in `serving_models/dit/adapter.py`; the harness codifies
 Module-level `load` (alias `from_pretrained`) and `build` are the classmethods (for
 `target.load_dit` / `target.build_dit`).
 
-Sampling here is upstream's, with one documented choice: when CFG is active the conditional and
-unconditional streams run as ONE doubled batch, the unconditional rows carrying an all-false text
-mask (empty text, length 0 per row), padded to the conditional text length. The reference thus
-assembles a tail-padded joint sequence with a key-padding mask, which the serving port (two
-batch-1 calls, the unconditional one with a zero-length text) never sees: comparing the two
-exercises the serving port's mask handling and its empty-text skip. The Euler state is kept in
-fp32 (fp64 for fp64 runs); the timestep is given to the model in the model dtype, as upstream.
+Sampling here is the release's (docs/model.md §8): its float32 schedule bit for bit, its CFG
+range latch (the scale drops to 1.0 at the first step outside the range and stays there), the
+latents kept in the model dtype between steps with the Euler sum in float32, the guidance
+combination in the model dtype, and the negative prompt's states (or empty text) for the
+unconditional branch. One documented choice: when CFG is active the conditional and
+unconditional streams run as ONE doubled batch, both padded at the tail to the longer text (the
+empty text is all padding). The reference thus assembles a tail-padded joint sequence with a
+key-padding mask, which the serving port (two batch-1 calls, the unconditional one with its own
+text length, 0 for empty text) never sees: comparing the two exercises the serving port's mask
+handling and its empty-text skip. The timestep is given to the model in the model dtype, as the
+release does; the seeded fp32 noise is rounded to the model dtype (the release draws it there).
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from .checkpoint import (
 from .config import DiTConfig
 from .decoder import LatentDecoder
 from .model import Transformer2DModel
-from .sampler import cfg_active, flow_match_timesteps, initial_noise, text_condition
+from .sampler import euler_step, flow_match_timesteps, guidance_scales, initial_noise, text_condition
 
 
 class ReferenceDiT:
@@ -130,6 +137,10 @@ class ReferenceDiT:
         return states.to(self.device, self.dtype), mask.to(self.device)
 
     # -- the pipeline --------------------------------------------------------------------------
+    def timesteps(self, steps: int, height: int, width: int) -> torch.Tensor:
+        """The sampler's N + 1 flow-match times for a `height`×`width` latent (float32, CPU)."""
+        return flow_match_timesteps(steps, height, width)
+
     @torch.no_grad()
     def sample(
         self,
@@ -141,29 +152,46 @@ class ReferenceDiT:
         guidance_scale: float,
         cfg_range: tuple[float, float] = (0.0, 1.0),
         seed: int = 0,
+        negative_states: torch.Tensor | None = None,
+        negative_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         batch = text_states.shape[0]
-        state_dtype = torch.promote_types(self.dtype, torch.float32)
-        x = initial_noise((batch, self.config.in_channels, height, width), seed).to(self.device, state_dtype)
+        x = initial_noise((batch, self.config.in_channels, height, width), seed).to(self.device, self.dtype)
         times = flow_match_timesteps(steps, height, width).to(self.device)
         text_states = text_states.to(self.device, self.dtype)
         text_mask = text_mask.to(self.device, torch.bool)
-        for i in range(steps):
-            model_in = x.to(self.dtype)
+        negative_states, negative_mask = self._negative(text_states, negative_states, negative_mask)
+        # The conditional and unconditional rows of the doubled batch, padded to one text length.
+        length = max(text_states.shape[1], negative_states.shape[1])
+        cfg_states = torch.cat([pad_text(text_states, length), pad_text(negative_states, length)])
+        cfg_mask = torch.cat([pad_text(text_mask, length), pad_text(negative_mask, length)])
+        for i, scale in enumerate(guidance_scales(steps, guidance_scale, cfg_range)):
             timestep = times[i].expand(batch).to(self.dtype)
-            if cfg_active(i, steps, guidance_scale, cfg_range):
-                velocity = self.module(
-                    torch.cat([model_in, model_in]),
-                    torch.cat([timestep, timestep]),
-                    torch.cat([text_states, torch.zeros_like(text_states)]),
-                    torch.cat([text_mask, torch.zeros_like(text_mask)]),
-                ).to(state_dtype)
-                cond, uncond = velocity.chunk(2)
-                velocity = uncond + guidance_scale * (cond - uncond)
+            if scale > 1.0:
+                both = self.module(torch.cat([x, x]), torch.cat([timestep, timestep]), cfg_states, cfg_mask)
+                cond, uncond = both.chunk(2)
+                velocity = uncond + scale * (cond - uncond)  # in the model dtype, as the release
             else:
-                velocity = self.module(model_in, timestep, text_states, text_mask).to(state_dtype)
-            x = x + (times[i + 1] - times[i]).to(state_dtype) * velocity
+                velocity = self.module(x, timestep, text_states, text_mask)
+            x = euler_step(x, velocity, times[i], times[i + 1])
         return x
+
+    def _negative(
+        self, text_states: torch.Tensor, states: torch.Tensor | None, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unconditional branch's text: the negative prompt's states and mask, or empty text."""
+        if states is None:
+            if mask is not None:
+                raise ValueError("negative_mask without negative_states")
+            batch, _, dim = text_states.shape
+            empty = text_states.new_zeros(batch, 0, dim)
+            return empty, torch.zeros(batch, 0, dtype=torch.bool, device=self.device)
+        states = states.to(self.device, self.dtype)
+        if states.shape[0] != text_states.shape[0] or states.shape[2] != text_states.shape[2]:
+            raise ValueError(f"negative_states {tuple(states.shape)} do not match text_states {tuple(text_states.shape)}")
+        if mask is None:
+            mask = torch.ones(states.shape[:2], dtype=torch.bool)
+        return states, mask.to(self.device, torch.bool)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -179,9 +207,19 @@ class ReferenceDiT:
         guidance_scale: float,
         cfg_range: tuple[float, float] = (0.0, 1.0),
         seed: int = 0,
+        negative_states: torch.Tensor | None = None,
+        negative_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        latents = self.sample(text_states, text_mask, height, width, steps, guidance_scale, cfg_range, seed)
+        latents = self.sample(
+            text_states, text_mask, height, width, steps, guidance_scale, cfg_range, seed, negative_states, negative_mask
+        )
         return self.decode(latents)
+
+
+def pad_text(t: torch.Tensor, length: int) -> torch.Tensor:
+    """`t` ([B, L, ...] states or [B, L] mask) padded at the tail to `length` with zeros / False."""
+    pad = t.new_zeros(t.shape[0], length - t.shape[1], *t.shape[2:])
+    return torch.cat([t, pad], dim=1)
 
 
 load = from_pretrained = ReferenceDiT.load

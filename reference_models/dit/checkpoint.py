@@ -6,7 +6,9 @@ upstream's (`x_embedder.*`, `time_caption_embed.*`, `context_refiner.N.*`, `nois
 `layers.N.attn.to_q|to_k|to_v|to_out.0`, `attn.norm_q|norm_k`, `feed_forward.linear_1|2|3`,
 `norm1.linear`, `norm2`, `ffn_norm1|2`, `norm_out.linear_1|2`), the decoder under
 `vae_decoder.*`. Reference-image tensors (`ref_image_patch_embedder`, `ref_image_refiner`,
-`image_index_embedding`) are left out: text-to-image never reads them.
+`image_index_embedding`) and the image-condition embedder are left out: text-to-image never reads
+them. The release layout (`layout="release"`, `release.py`, docs/model.md §10) carries them, under
+`gen_transformer.`, and the readers list them as unused.
 
 Initialisation (docs/model.md §9, with one measured deviation): zero biases, ones for norm weights, a
 seeded normal for every matrix, and no zero init anywhere (upstream zero-initialises the adaLN
@@ -24,6 +26,7 @@ storing it in bf16 is lossless.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -34,6 +37,7 @@ from safetensors.torch import save_file
 
 from reference_models.common.hf_checkpoint import CheckpointFileError, check_floating, read_json_object, read_safetensors
 
+from . import release
 from .config import DiTConfig, config_for_size
 from .decoder import LatentDecoder
 from .model import Transformer2DModel
@@ -144,28 +148,73 @@ def make_dit_checkpoint(
     out_dir: str | Path,
     storage_dtype: torch.dtype | None = None,
     matrix_std: float | None = None,
+    layout: str = "parity",
 ) -> Path:
     """Write a random DiT checkpoint of `size` ("tiny" or "full") to `out_dir`; return the dir.
 
     Stored fp32 for tiny and bf16 for full (lossless either way: the values are bf16-exact).
     The full size holds ~2.5e9 parameters (~5 GB in bf16) and takes minutes on a CPU.
+    `layout="release"` writes the released composite model's layout instead (a top-level
+    `config.json` with `gen_dit_config`, tensors under `gen_transformer.`, the release's unused
+    DiT tensors included: `reference_models/dit/release.py`).
     """
     config = config_for_size(size)
     if storage_dtype is None:
         storage_dtype = torch.float32 if size == "tiny" else torch.bfloat16
     state = random_state_dict(config, seed, "cpu", torch.float32, matrix_std)
-    return write_checkpoint(config, state, out_dir, storage_dtype)
+    if layout == "parity":
+        return write_checkpoint(config, state, out_dir, storage_dtype)
+    if layout == "release":
+        out = write_checkpoint(config, release.release_state_dict(config, state, seed), out_dir, storage_dtype)
+        (out / CONFIG_NAME).write_text(json.dumps(release.release_config_dict(config), indent=2) + "\n")
+        return out
+    raise ValueError(f"unknown checkpoint layout {layout!r}; expected 'parity' or 'release'")
 
 
-def read_checkpoint(checkpoint_dir: str | Path) -> tuple[DiTConfig, dict[str, torch.Tensor]]:
-    """Read `config.json` and every tensor (single file or index + shards) onto the CPU."""
+@dataclasses.dataclass
+class CheckpointReport:
+    """What a checkpoint directory holds for the DiT: its layout, the config keys left unused and
+    every tensor this pipeline does not read, with the reason (`parity inspect-checkpoint`)."""
+
+    layout: str  # "parity" or "release"
+    unused_config: dict[str, str]
+    unused_tensors: dict[str, str]
+
+
+def read_checkpoint_report(checkpoint_dir: str | Path) -> tuple[DiTConfig, dict[str, torch.Tensor], CheckpointReport]:
+    """`read_checkpoint` plus the report; a release layout is mapped onto the reference's names."""
     root = Path(checkpoint_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"DiT checkpoint directory not found: {root}")
-    config = DiTConfig.from_file(root / CONFIG_NAME)
+    data = _read_json(root / CONFIG_NAME)
+    tensors = _read_tensors(root)
+    if not release.is_release_config(data):
+        return DiTConfig.from_json_dict(data, source=str(root / CONFIG_NAME)), tensors, CheckpointReport("parity", {}, {})
+    config, notes = release.config_from_release(data, str(root / CONFIG_NAME))
+    used, unused, unexpected = release.split_release_tensors(tensors)
+    if unexpected:
+        raise CheckpointMismatchError(f"{root}: tensors outside the release layout's known prefixes: {unexpected}")
+    return config, used, CheckpointReport("release", notes, unused)
+
+
+def read_checkpoint(checkpoint_dir: str | Path) -> tuple[DiTConfig, dict[str, torch.Tensor]]:
+    """Read `config.json` and every tensor (single file or index + shards) onto the CPU, in the
+    parity layout or the release layout (mapped onto the reference's names)."""
+    config, tensors, _ = read_checkpoint_report(checkpoint_dir)
+    return config, tensors
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return read_json_object(path)  # not UTF-8, not JSON, not an object: one line naming the file
+    except FileNotFoundError:
+        raise FileNotFoundError(f"DiT checkpoint config not found: {path}") from None
+
+
+def _read_tensors(root: Path) -> dict[str, torch.Tensor]:
     single, index = root / WEIGHTS_NAME, root / INDEX_NAME
     if single.is_file():
-        return config, dict(read_safetensors(single))
+        return dict(read_safetensors(single))
     if index.is_file():
         weight_map = read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict):
@@ -177,7 +226,7 @@ def read_checkpoint(checkpoint_dir: str | Path) -> tuple[DiTConfig, dict[str, to
         missing_from_shards = sorted(set(weight_map) - set(tensors))
         if missing_from_shards:
             raise CheckpointMismatchError(f"{index}: listed but absent from their shards: {missing_from_shards}")
-        return config, tensors
+        return tensors
     raise FileNotFoundError(f"{root}: neither {WEIGHTS_NAME} nor {INDEX_NAME} is present")
 
 

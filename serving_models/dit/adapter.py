@@ -4,14 +4,17 @@ Same shape as `reference_models/dit/adapter.py` (see its docstring for the full 
 `name`, `config`, `module`, `decoder`, `device`, `dtype`; classmethods `load(checkpoint_dir,
 device, dtype)` and `build(config, state_dict, device, dtype)` (module-level `load`/`build` too);
 `forward(latents, timestep, text_states, text_mask) -> velocity`; `block_sites()`;
-`sample(text_states, text_mask, height, width, steps, guidance_scale, cfg_range, seed)` (latent
-height/width); `decode(latents) -> uint8 [B,H,W,3]`; `generate(...)`; `text_condition(length,
-seed, batch)`. `build` accepts this package's DiTConfig, a config.json dict, or any object with
+`timesteps(steps, height, width)`; `sample(text_states, text_mask, height, width, steps,
+guidance_scale, cfg_range, seed, negative_states=None, negative_mask=None)` (latent height/width);
+`decode(latents) -> uint8 [B,H,W,3]`; `generate(...)`; `text_condition(length, seed, batch)`.
+`build` accepts this package's DiTConfig, a config.json dict, or any object with
 `to_json_dict()` (such as the reference's config).
 
 Sampling the serving way: CFG is two batch-1 calls per image and step, the conditional one with
-the prompt's text and the unconditional one with a zero-length text (`[1, 0, D]`), which
-`_apply_refiners` keeps away from every block. The Euler state is fp32 (fp64 for fp64 runs);
+the prompt's text and the unconditional one with the negative prompt's states or, without them, a
+zero-length text (`[1, 0, D]`), which `_apply_refiners` keeps away from every block. The loop is
+the release's (docs/model.md §8): its float32 schedule, its CFG range latch, the latents in the
+model dtype between steps (Euler sum in float32), the guidance combination in the model dtype;
 the timestep reaches the model in the model dtype, as upstream passes it.
 
 Regional compile is the runner's job (the harness compiles every submodule whose class name is
@@ -29,7 +32,7 @@ from torch import nn
 from .config import DiTConfig
 from .decoder import LatentDecoder
 from .model import Transformer2DModel
-from .sampler import cfg_active, flow_match_timesteps, initial_noise, text_condition
+from .sampler import euler_update, flow_match_timesteps, guidance_per_step, initial_noise, text_condition
 from .weights import build_modules, read_checkpoint
 
 
@@ -96,6 +99,10 @@ class ServingDiT:
         states, mask = text_condition(self.config.text_feat_dim, length, seed, batch)
         return states.to(self.device, self.dtype), mask.to(self.device)
 
+    def timesteps(self, steps: int, height: int, width: int) -> torch.Tensor:
+        """The schedule `sample` uses: `[steps + 1]` float32 times (CPU)."""
+        return flow_match_timesteps(steps, height, width)
+
     @torch.no_grad()
     def sample(
         self,
@@ -107,26 +114,33 @@ class ServingDiT:
         guidance_scale: float,
         cfg_range: tuple[float, float] = (0.0, 1.0),
         seed: int = 0,
+        negative_states: torch.Tensor | None = None,
+        negative_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         batch = text_states.shape[0]
-        state_dtype = torch.promote_types(self.dtype, torch.float32)
-        x = initial_noise((batch, self.config.in_channels, height, width), seed).to(self.device, state_dtype)
+        x = initial_noise((batch, self.config.in_channels, height, width), seed).to(self.device, self.dtype)
         times = flow_match_timesteps(steps, height, width).to(self.device)
         text_states = text_states.to(self.device, self.dtype)
         text_mask = text_mask.to(self.device, torch.bool)
-        for i in range(steps):
+        if negative_states is None:  # empty text: [B, 0, D]
+            if negative_mask is not None:
+                raise ValueError("negative_mask without negative_states")
+            negative_states, negative_mask = text_states[:, :0], text_mask[:, :0]
+        elif negative_mask is None:
+            negative_mask = torch.ones(negative_states.shape[:2], dtype=torch.bool)
+        negative_states = negative_states.to(self.device, self.dtype)
+        negative_mask = negative_mask.to(self.device, torch.bool)
+        for i, scale in enumerate(guidance_per_step(steps, guidance_scale, cfg_range)):
             timestep = times[i : i + 1].to(self.dtype)
-            use_cfg = cfg_active(i, steps, guidance_scale, cfg_range)
             velocities = []
             for b in range(batch):  # every call is batch 1, as the serving runner issues them
-                model_in = x[b : b + 1].to(self.dtype)
-                cond = self.module(model_in, timestep, text_states[b : b + 1], text_mask[b : b + 1]).to(state_dtype)
-                if use_cfg:
-                    empty_text = text_states[b : b + 1, :0]
-                    uncond = self.module(model_in, timestep, empty_text, text_mask[b : b + 1, :0]).to(state_dtype)
-                    cond = uncond + guidance_scale * (cond - uncond)
-                velocities.append(cond)
-            x = x + (times[i + 1] - times[i]).to(state_dtype) * torch.cat(velocities)
+                model_in = x[b : b + 1]
+                v = self.module(model_in, timestep, text_states[b : b + 1], text_mask[b : b + 1])
+                if scale > 1.0:
+                    uncond = self.module(model_in, timestep, negative_states[b : b + 1], negative_mask[b : b + 1])
+                    v = uncond + scale * (v - uncond)
+                velocities.append(v)
+            x = euler_update(x, torch.cat(velocities), times[i], times[i + 1])
         return x
 
     @torch.no_grad()
@@ -143,8 +157,13 @@ class ServingDiT:
         guidance_scale: float,
         cfg_range: tuple[float, float] = (0.0, 1.0),
         seed: int = 0,
+        negative_states: torch.Tensor | None = None,
+        negative_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.decode(self.sample(text_states, text_mask, height, width, steps, guidance_scale, cfg_range, seed))
+        latents = self.sample(
+            text_states, text_mask, height, width, steps, guidance_scale, cfg_range, seed, negative_states, negative_mask
+        )
+        return self.decode(latents)
 
 
 load = from_pretrained = ServingDiT.load

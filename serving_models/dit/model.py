@@ -301,12 +301,22 @@ class Transformer2DModel(nn.Module):
             sites += [(f"{stack}.{i}", block) for i, block in enumerate(getattr(self, stack))]
         return sites
 
-    def _check_positions(self, text_len: int, grid_h: int, grid_w: int) -> None:
-        """Positions must stay inside axes_lens (upstream's tables); decided from shapes only,
-        with text length L as the bound for cap_len."""
+    def _check_positions(self, text_mask: torch.Tensor, grid_h: int, grid_w: int) -> None:
+        """RoPE positions must stay inside `axes_lens` (upstream's tables), without a host read.
+
+        Text slot i, padding included, looks up (i, i, i); an image token (cap_len, r, c) with the
+        real text length cap_len = text_mask.sum(). The padded length L, the grid and the real
+        length bound them: L <= every axis length and the grid inside axes 1 and 2 are decided from
+        shapes; cap_len < axes_lens[0] follows from L < axes_lens[0], and only at L == axes_lens[0]
+        depends on the mask (127 real tokens of 128 are fine, as upstream accepts them), which is
+        then asserted on the device (a RuntimeError on the CPU, a device-side assert on CUDA)."""
         lens = self.config.axes_lens
-        if text_len >= lens[0] or text_len > lens[1] or text_len > lens[2] or grid_h > lens[1] or grid_w > lens[2]:
+        text_len = text_mask.shape[1]
+        if text_len > min(lens) or grid_h > lens[1] or grid_w > lens[2]:
             raise ValueError(f"text length {text_len} and token grid {grid_h}x{grid_w} exceed axes_lens {tuple(lens)}")
+        if text_len == lens[0]:
+            fits = (text_mask.sum(dim=1) < lens[0]).all()
+            torch._assert_async(fits, f"a real text length of {lens[0]} tokens reaches axes_lens[0] = {lens[0]}")
 
     def _apply_refiners(
         self,
@@ -349,8 +359,8 @@ class Transformer2DModel(nn.Module):
         p = self.config.patch_size
         grid_h, grid_w = height // p, width // p
         text_len = text_states.shape[1]
-        self._check_positions(text_len, grid_h, grid_w)
         text_mask = text_mask.to(torch.bool)
+        self._check_positions(text_mask, grid_h, grid_w)
         rope_dtype = compute_dtype(latents.dtype)
 
         temb, text = self.time_caption_embed(timestep, text_states, latents.dtype)

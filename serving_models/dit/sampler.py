@@ -1,8 +1,10 @@
 """The serving port's flow-matching Euler schedule (docs/model.md §8) and seeded inputs.
 
-t runs 0 (noise) → 1 (data): `t = linspace(0, 1, N+1)[:-1]`, shifted by `m = sqrt(h·w)/40` for an
-h×w latent grid (`t ← t / (m − m·t + t)`), then t = 1 appended. CFG applies at step i when the
-scale is above 1 and `cfg_range[0] <= i/N <= cfg_range[1]`.
+t runs 0 (noise) → 1 (data). The release computes its grid with numpy (`linspace` in float64,
+rounded once to float32) and the shift `t ← t / (m − m·t + t)`, `m = sqrt(h·w)/40`, in float32;
+this port builds the same float32 values with torch (not `torch.linspace`, whose float32 grid is
+1 ULP off on about a quarter of the values). Guidance follows the release's latch: from the first
+step whose `i/N` is outside `cfg_range` on, the scale is 1.0 for the rest of the run.
 """
 
 from __future__ import annotations
@@ -13,16 +15,31 @@ import torch
 
 
 def flow_match_timesteps(steps: int, latent_height: int, latent_width: int) -> torch.Tensor:
+    """`[steps + 1]` float32 times, t_N = 1, for a latent grid of `latent_height`×`latent_width`."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    t = torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float32)[:-1]
-    m = math.sqrt(latent_height * latent_width) / 40.0
+    index = torch.arange(steps, dtype=torch.float64)
+    t = (index * (1.0 / steps)).to(torch.float32)
+    m = torch.tensor(math.sqrt(latent_height * latent_width) / 40.0, dtype=torch.float32)
     t = t / (m - m * t + t)
     return torch.cat([t, torch.ones(1, dtype=torch.float32)])
 
 
-def cfg_active(step: int, steps: int, guidance_scale: float, cfg_range: tuple[float, float]) -> bool:
-    return guidance_scale > 1.0 and cfg_range[0] <= step / steps <= cfg_range[1]
+def guidance_per_step(steps: int, guidance_scale: float, cfg_range: tuple[float, float]) -> list[float]:
+    """Scale per step; 1.0 from the first step outside `cfg_range` to the end (the release's latch)."""
+    out: list[float] = []
+    in_range = True
+    for i in range(steps):
+        in_range = in_range and cfg_range[0] <= i / steps <= cfg_range[1]
+        out.append(float(guidance_scale) if in_range else 1.0)
+    return out
+
+
+def euler_update(x: torch.Tensor, v: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor) -> torch.Tensor:
+    """`x + (t1 - t0)·v` summed in at least float32 (the step times the velocity in v's dtype) and
+    returned in x's dtype: the model dtype is the state between steps, as in the release."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    return (x.to(acc) + (t1 - t0) * v).to(x.dtype)
 
 
 def initial_noise(shape: tuple[int, ...], seed: int) -> torch.Tensor:

@@ -1,20 +1,22 @@
 """Load an HF-style DiT checkpoint directory into the serving modules.
 
 Reads `config.json` and `model.safetensors` (or the shards of `model.safetensors.index.json`),
-checks every tensor name and shape against the modules, and reports every missing, unexpected
-and wrong-shaped tensor in one error before anything is assigned.
+in parity's layout or the released composite model's (`gen_dit_config` in `config.json`, the DiT
+under `gen_transformer.`), checks every tensor name and shape against the modules, and reports
+every missing, unexpected and wrong-shaped tensor in one error before anything is assigned.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from serving_models.common.safetensors_io import check_floating, checkpoint_files, read_safetensors
+from serving_models.common.safetensors_io import check_floating, checkpoint_files, read_json_object, read_safetensors
 
-from .config import DiTConfig
+from .config import DecoderConfig, DiTConfig
 from .decoder import LatentDecoder
 from .model import Transformer2DModel
 
@@ -26,12 +28,24 @@ class CheckpointMismatchError(ValueError):
 
 
 def read_checkpoint(checkpoint_dir: str | Path) -> tuple[DiTConfig, dict[str, torch.Tensor]]:
+    """The config and tensors of a parity-layout or release-layout directory (docs/model.md §10),
+    the tensors under this port's names."""
     root = Path(checkpoint_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"DiT checkpoint directory not found: {root}")
-    config = DiTConfig.from_file(root / "config.json")
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"DiT checkpoint config not found: {config_path}")
+    data = read_json_object(config_path)  # not UTF-8, not JSON, not an object: one line naming the file
+    tensors = _read_tensors(root)
+    if "gen_dit_config" not in data:
+        return DiTConfig.from_json_dict(data, source=str(config_path)), tensors
+    return _release_config(data, str(config_path)), _release_tensors(tensors, root)
+
+
+def _read_tensors(root: Path) -> dict[str, torch.Tensor]:
     if (root / "model.safetensors").is_file():
-        return config, dict(read_safetensors(root / "model.safetensors"))
+        return dict(read_safetensors(root / "model.safetensors"))
     index = root / "model.safetensors.index.json"
     if not index.is_file():
         raise FileNotFoundError(f"{root}: neither model.safetensors nor {index.name} is present")
@@ -43,7 +57,74 @@ def read_checkpoint(checkpoint_dir: str | Path) -> tuple[DiTConfig, dict[str, to
     absent = sorted(set(weight_map) - set(tensors))
     if absent:
         raise CheckpointMismatchError(f"{index}: listed but absent from their shards: {absent}")
-    return config, tensors
+    return tensors
+
+
+# The released composite model: the DiT under `gen_transformer.`; tensors of the release that this
+# port's text-to-image DiT stage does not load (image-condition Q-Former, reference-image inputs,
+# the VAE, the LLM); parity's stand-in decoder under `vae_decoder.`.
+RELEASE_DIT = "gen_transformer."
+RELEASE_SKIPPED = (
+    RELEASE_DIT + "time_caption_embed.image_embedder.",
+    RELEASE_DIT + "ref_image_patch_embedder.",
+    RELEASE_DIT + "ref_image_refiner.",
+    RELEASE_DIT + "image_index_embedding",
+    "gen_vae.",
+    "llm_model.",
+)
+# Transformer2DModel's own defaults for keys a gen_dit_config leaves out.
+RELEASE_DIT_DEFAULTS: dict[str, Any] = dict(
+    patch_size=2, in_channels=16, out_channels=None, hidden_size=2304, num_layers=26, num_refiner_layers=2,
+    num_attention_heads=24, num_kv_heads=8, multiple_of=256, ffn_dim_multiplier=None, norm_eps=1e-5,
+    axes_dim_rope=[32, 32, 32], axes_lens=[300, 512, 512], text_feat_dim=1024, timestep_scale=1.0,
+)  # fmt: skip
+
+
+def _release_config(data: dict[str, Any], source: str) -> DiTConfig:
+    given = {
+        k: v for k, v in data["gen_dit_config"].items() if k not in ("_class_name", "_diffusers_version", "is_image_embedder")
+    }
+    unknown = sorted(set(given) - set(RELEASE_DIT_DEFAULTS))
+    if unknown:
+        raise ValueError(f"{source}: unknown gen_dit_config keys {unknown}")
+    dit = {**RELEASE_DIT_DEFAULTS, **given}
+    dit["out_channels"] = dit["out_channels"] or dit["in_channels"]
+    if list(data.get("gen_axes_dim_rope") or [40, 40, 40]) != list(dit["axes_dim_rope"]):
+        raise ValueError(f"{source}: gen_axes_dim_rope contradicts gen_dit_config.axes_dim_rope")
+    # The sampler's RoPE tables and the caption embedder's input width are the release model's own.
+    dit["axes_lens"] = list(data.get("gen_axes_lens") or [10000, 10000, 10000])
+    llm = data.get("llm_config") or {}
+    dit["text_feat_dim"] = (llm.get("text_config") or {}).get("hidden_size", llm.get("hidden_size", dit["text_feat_dim"]))
+    if float(dit["norm_eps"]) != 1e-5:
+        raise ValueError(f"{source}: norm_eps {dit['norm_eps']} != the release caption embedder's 1e-5")
+    vae = data.get("gen_vae_config") or {}
+    stand_in = data.get("parity_stand_in_decoder") or {}
+    defaults = DecoderConfig()
+    dit["vae_decoder"] = {
+        "latent_channels": vae.get("latent_channels", dit["out_channels"]),
+        "block_out_channels": list(stand_in.get("block_out_channels", defaults.block_out_channels)),
+        "scaling_factor": vae.get("scaling_factor", defaults.scaling_factor),
+        "shift_factor": vae.get("shift_factor", defaults.shift_factor),
+    }
+    dit["rope_theta"] = 10000.0
+    return DiTConfig.from_json_dict(dit, source=source)
+
+
+def _release_tensors(tensors: dict[str, torch.Tensor], root: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    strays = []
+    for name, tensor in tensors.items():
+        if name.startswith(RELEASE_SKIPPED):
+            continue
+        if name.startswith(RELEASE_DIT):
+            out[name[len(RELEASE_DIT) :]] = tensor
+        elif name.startswith(DECODER_PREFIX):
+            out[name] = tensor
+        else:
+            strays.append(name)
+    if strays:
+        raise CheckpointMismatchError(f"{root}: tensors outside the release layout: {sorted(strays)}")
+    return out
 
 
 def build_modules(

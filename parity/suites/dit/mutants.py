@@ -16,6 +16,15 @@ and names the suite and test that kill it (shown in `tests/test_suites_dit.py`).
   numerics (velocity and blocks vs reference) and image (serving vs reference).
 - `compiled_rope_rotate_half`: a compile-only attention path with the rotate-half RoPE layout.
   Killed by numerics (compiled vs eager) and image (compiled vs eager); eager parity is intact.
+- `sampler_cfg_range_per_step`: CFG decided per step instead of the release's latch. Killed by
+  sampler (`cfg_trace` of the late-range loops) and image (the late-range case).
+- `sampler_fp32_state`: fp32 latents between the steps of a bf16 model. Killed by sampler
+  (`latents_dtype` and `mismatched_elements` of the bf16 loops).
+- `sampler_drops_negative_prompt`: empty text where a negative prompt was given. Killed by
+  sampler (`cfg_trace` of the negative-prompt loops) and image (the negative-prompt case).
+- `schedule_torch_linspace`, `schedule_shift_from_height`: the schedule on torch.linspace's float32
+  grid; the shift from the latent height alone. Killed by sampler (schedule `max_ulp`; the
+  height-only shift at the non-square points only).
 """
 
 from __future__ import annotations
@@ -23,11 +32,13 @@ from __future__ import annotations
 import types
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
 from parity.suites.sensitivity.catalogue import external
+from serving_models.dit import adapter as dit_adapter
 from serving_models.dit import model as dit_model
 from serving_models.target import ServingTarget
 
@@ -222,4 +233,166 @@ external(
     suite="numerics",
     tests=("parity/suites/dit/test_numerics.py", "-k", "compiled"),
     target="parity.suites.dit.mutants:compiled_rope_rotate_half",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sampler: the release's loop and schedule (docs/model.md §8). Each change is scoped to the
+# mutated adapter's calls: the named function of serving_models/dit/adapter.py is replaced while
+# that adapter's `sample` (and `timesteps`) run.
+# ---------------------------------------------------------------------------------------------
+
+
+def _while_running(adapter: Any, attribute: str, replacement: Any, methods: tuple[str, ...] = ("sample",)) -> None:
+    """`adapter.<method>` for each of `methods` runs with `serving_models.dit.adapter.<attribute>` replaced."""
+    for method in methods:
+        original = getattr(adapter, method)
+
+        def wrapped(*args: Any, _original: Callable = original, **kwargs: Any) -> Any:
+            with mock.patch.object(dit_adapter, attribute, replacement):
+                return _original(*args, **kwargs)
+
+        setattr(adapter, method, wrapped)
+
+
+def _per_step_guidance(steps: int, guidance_scale: float, cfg_range: tuple[float, float]) -> list[float]:
+    return [float(guidance_scale) if cfg_range[0] <= i / steps <= cfg_range[1] else 1.0 for i in range(steps)]
+
+
+def _cfg_range_per_step(adapter: Any) -> None:
+    _while_running(adapter, "guidance_per_step", _per_step_guidance)
+
+
+class _ModelDtypeInputs(torch.nn.Module):
+    """The model called with the latents cast to the model dtype, as a loop with fp32 state does."""
+
+    def __init__(self, inner: Any, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inner, self.dtype = inner, dtype
+
+    def forward(self, latents, timestep, text_states, text_mask):
+        return self.inner(latents.to(self.dtype), timestep, text_states, text_mask)
+
+
+def _fp32_euler(x: torch.Tensor, v: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor) -> torch.Tensor:
+    acc = torch.promote_types(x.dtype, torch.float32)
+    return x.to(acc) + (t1 - t0).to(acc) * v.to(acc)
+
+
+def _fp32_state(adapter: Any) -> None:
+    original = adapter.sample
+
+    def sample(*args: Any, **kwargs: Any) -> torch.Tensor:
+        inner = adapter.module  # whatever module is current (the sampler suite swaps in a stand-in)
+        adapter.module = _ModelDtypeInputs(inner, adapter.dtype)
+        try:
+            with mock.patch.object(dit_adapter, "euler_update", _fp32_euler):
+                return original(*args, **kwargs)
+        finally:
+            adapter.module = inner
+
+    adapter.sample = sample
+
+
+def _drop_negative_prompt(adapter: Any) -> None:
+    original = adapter.sample
+
+    def sample(*args: Any, negative_states: Any = None, negative_mask: Any = None, **kwargs: Any) -> torch.Tensor:
+        return original(*args, **kwargs)
+
+    adapter.sample = sample
+
+
+def _linspace_schedule(steps: int, latent_height: int, latent_width: int) -> torch.Tensor:
+    t = torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float32)[:-1]
+    m = (latent_height * latent_width) ** 0.5 / 40.0
+    return torch.cat([t / (m - m * t + t), torch.ones(1)])
+
+
+def _height_only_schedule(steps: int, latent_height: int, latent_width: int) -> torch.Tensor:
+    return _shipped_schedule(steps, latent_height, latent_height)
+
+
+_shipped_schedule = dit_adapter.flow_match_timesteps
+
+
+def _schedule_torch_linspace(adapter: Any) -> None:
+    _while_running(adapter, "flow_match_timesteps", _linspace_schedule, ("sample", "timesteps"))
+
+
+def _schedule_shift_from_height(adapter: Any) -> None:
+    _while_running(adapter, "flow_match_timesteps", _height_only_schedule, ("sample", "timesteps"))
+
+
+def sampler_cfg_range_per_step() -> DiTMutantTarget:
+    """CFG decided per step from i/N, not the release's latch; sampler and image must fail."""
+    return DiTMutantTarget("sampler_cfg_range_per_step", _cfg_range_per_step)
+
+
+def sampler_fp32_state() -> DiTMutantTarget:
+    """fp32 latents between the steps of a half-precision model; the sampler's bf16 loops must fail."""
+    return DiTMutantTarget("sampler_fp32_state", _fp32_state)
+
+
+def sampler_drops_negative_prompt() -> DiTMutantTarget:
+    """The negative prompt ignored (empty text unconditional); sampler and image must fail."""
+    return DiTMutantTarget("sampler_drops_negative_prompt", _drop_negative_prompt)
+
+
+def schedule_torch_linspace() -> DiTMutantTarget:
+    """The schedule on torch.linspace's float32 grid (1-4 ULP off); the schedule rows must fail."""
+    return DiTMutantTarget("schedule_torch_linspace", _schedule_torch_linspace)
+
+
+def schedule_shift_from_height() -> DiTMutantTarget:
+    """The shift from the latent height alone; the non-square schedule rows must fail."""
+    return DiTMutantTarget("schedule_shift_from_height", _schedule_shift_from_height)
+
+
+MUTANTS.update(
+    {
+        "sampler_cfg_range_per_step": sampler_cfg_range_per_step,
+        "sampler_fp32_state": sampler_fp32_state,
+        "sampler_drops_negative_prompt": sampler_drops_negative_prompt,
+        "schedule_torch_linspace": schedule_torch_linspace,
+        "schedule_shift_from_height": schedule_shift_from_height,
+    }
+)
+
+SAMPLER = "parity/suites/dit/test_sampler.py"
+
+external(
+    "dit-cfg-range-per-step",
+    defect="CFG decided per step from i/N instead of the release's latch (off for good at the first step outside cfg_range)",
+    suite="sampler",
+    tests=(SAMPLER, "-k", "loop"),
+    target="parity.suites.dit.mutants:sampler_cfg_range_per_step",
+)
+external(
+    "dit-fp32-state-between-steps",
+    defect="the latents kept in fp32 between the Euler steps of a bf16 model (the release keeps the model dtype)",
+    suite="sampler",
+    tests=(SAMPLER, "-k", "loop and bf16"),
+    target="parity.suites.dit.mutants:sampler_fp32_state",
+)
+external(
+    "dit-negative-prompt-dropped",
+    defect="the negative prompt ignored: the unconditional branch runs empty text",
+    suite="sampler",
+    tests=(SAMPLER, "-k", "loop"),
+    target="parity.suites.dit.mutants:sampler_drops_negative_prompt",
+)
+external(
+    "dit-schedule-torch-linspace",
+    defect="the flow-match schedule on torch.linspace's float32 grid instead of numpy's (1-4 ULP on many times)",
+    suite="sampler",
+    tests=(SAMPLER, "-k", "schedule"),
+    target="parity.suites.dit.mutants:schedule_torch_linspace",
+)
+external(
+    "dit-schedule-shift-from-height",
+    defect="the time shift from the latent height alone (right on square latents only)",
+    suite="sampler",
+    tests=(SAMPLER, "-k", "schedule"),
+    target="parity.suites.dit.mutants:schedule_shift_from_height",
 )

@@ -125,6 +125,36 @@ class ImageCase:
     cfg_range: tuple[Time, Time]
     seed: Seed
     text_seed: Seed
+    negative_len: TextLen = 0  # > 0: a negative prompt of this many tokens for the unconditional branch
+    negative_seed: Seed = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleLattice:
+    """The sampler's schedule compared bit for bit at every (steps, latent size) point."""
+
+    steps: list[int]
+    sizes: list[tuple[int, int]]
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerCase:
+    """The sampling loop of target and reference around one stand-in velocity (model-free)."""
+
+    name: str
+    size: Size
+    dtype: Literal["fp32", "bf16", "fp16"]  # the loop's model dtype, whatever the run's dtype
+    height: Latent
+    width: Latent
+    steps: Steps
+    guidance_scale: NonNegative
+    cfg_range: tuple[Time, Time]
+    text_len: TextLen
+    seed: Seed
+    text_seed: Seed
+    negative_len: TextLen = 0
+    negative_seed: Seed = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +183,8 @@ CASES = load_case_file(
         "compiled": Table(BlockCase),
         "image_thresholds": Table(ImageThreshold, keyed=True),
         "image": Table(ImageCase),
+        "schedule": Table(ScheduleLattice, many=False),
+        "sampler": Table(SamplerCase),
     },
 )
 

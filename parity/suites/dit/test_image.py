@@ -45,8 +45,20 @@ DATA_RANGE = 255.0  # delivered uint8 images (docs/images.md §3: declare it, re
 def generate(adapter: Any, models: DiTModels, case: ImageCase, seed_offset: int) -> np.ndarray:
     """One image `[H, W, 3]` uint8 from the adapter's own pipeline (sample with CFG, then decode)."""
     states, mask = text_inputs(models.config, [case.text_len], case.text_seed + seed_offset)
+    negative = {}
+    if case.negative_len:  # only then: a target without negative prompts still runs the other cases
+        negative_states, negative_mask = text_inputs(models.config, [case.negative_len], case.negative_seed + seed_offset)
+        negative = {"negative_states": negative_states, "negative_mask": negative_mask}
     latents = adapter.sample(
-        states, mask, case.height, case.width, case.steps, case.guidance_scale, case.cfg_range, case.seed + seed_offset
+        states,
+        mask,
+        case.height,
+        case.width,
+        case.steps,
+        case.guidance_scale,
+        case.cfg_range,
+        case.seed + seed_offset,
+        **negative,
     )
     images = adapter.decode(latents)
     image = images[0].detach().cpu().numpy()
