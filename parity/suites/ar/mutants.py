@@ -237,6 +237,33 @@ def _warn_never() -> None:
 
 
 @mutant(
+    "probe-warning-once-per-model",
+    defect=(
+        "the missing-probe warning's 'once' is kept per model instance (a flag the model owns): every "
+        "pipeline stage or engine rebuilt in the process warns again (vllm-project/vllm-omni#9764 specifies once per process)"
+    ),
+    suite="fail_closed_capture",
+    tests=("parity/suites/ar/test_fail_closed_capture.py", "-k", "missing_probe"),
+)
+def _warn_once_per_model() -> None:
+    from serving_models.common import capture
+
+    ar = importlib.import_module(AR)
+    top = ar.MammothModa2ForConditionalGeneration
+    original = top.forward
+
+    def forward(self, *args, **kwargs):
+        process_wide = capture._warned
+        capture._warned = self.__dict__.setdefault("_missing_probe_warned", set())  # the instance's own "once"
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            capture._warned = process_wide
+
+    top.forward = forward
+
+
+@mutant(
     "replay-without-copy-in",
     defect="a decode step replayed without copying the new inputs into the graph's static buffers (stale replay)",
     suite="decode",
