@@ -9,16 +9,14 @@ file, table, key). The session fixture `dit_models` builds, for `--size`:
 * full (GPU lane): `random_state_dict(full_config(), seed, device, dtype)` in memory, handed to
   `target.build_dit` and `ReferenceDiT.build` (the same tensors, no copy).
 
-In a half-precision run an fp64 golden (the reference in fp64, same weights: they are bf16-exact)
-is built as well; the reference in the target's dtype is then the eager noise the noise-floor
-rule measures against. Suites never import `serving_models`: the target comes from `--target`.
+An fp64 golden (the reference in fp64, same weights: they are bf16-exact) is built in every dtype;
+the reference in the target's dtype is the eager noise the noise-floor rule measures against. Suites never import `serving_models`: the target comes from `--target`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -28,8 +26,7 @@ import torch
 from torch import nn
 
 from parity.cases import Table, load_case_file
-from parity.compare import Tolerance
-from parity.observe.compile_ledger import CompileLedger
+from parity.observe.compile_ledger import CompileLedger, short_reason  # noqa: F401 - re-exported for the DiT suites
 from parity.observe.regional import compile_repeated_blocks
 from reference_models.checkpoints import make_checkpoint
 from reference_models.dit.adapter import ReferenceDiT
@@ -120,17 +117,27 @@ class ImageCase:
 
 
 @dataclasses.dataclass(frozen=True)
-class ImageThreshold:
-    """fp32: absolute PSNR / SSIM floors. Half precision: the golden-relative rule."""
+class NoiseFloorRule:
+    """Why the golden noise floor (`parity.compare.golden_noise_rule`) judges one comparison."""
 
     reason: str
-    psnr_min_db: float | None = None
-    ssim_min: float | None = None
-    golden_max_drop_db: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageThreshold:
+    """The golden-relative image rule: PSNR(golden, candidate) >= PSNR(golden, comparison) -
+    `golden_max_drop_db`, the comparison's distance from the golden counted as at least
+    `min_noise_values` one-level differences when that is set (fp32: see `image_bound`)."""
+
+    reason: str
+    golden_max_drop_db: float
+    min_noise_values: int | None = None
 
     def __post_init__(self) -> None:
-        if self.psnr_min_db is None and self.golden_max_drop_db is None:
-            raise ValueError("set psnr_min_db (absolute) or golden_max_drop_db (relative to an fp64 golden)")
+        if self.golden_max_drop_db < 0:
+            raise ValueError(f"golden_max_drop_db must be >= 0, got {self.golden_max_drop_db}")
+        if self.min_noise_values is not None and self.min_noise_values < 1:
+            raise ValueError(f"min_noise_values must be >= 1, got {self.min_noise_values}")
 
 
 CASE_FILE = "dit.toml"
@@ -139,7 +146,7 @@ CASES = load_case_file(
     {
         "models": Table(ModelsCase, many=False),
         "recompiles": Table(RecompileLattice, keyed=True),
-        "tolerances": Table(Tolerance, keyed=True),
+        "noise_floor": Table(NoiseFloorRule, keyed=True),
         "velocity": Table(VelocityCase),
         "blocks": Table(BlockCase),
         "compiled": Table(BlockCase),
@@ -170,14 +177,14 @@ def lattice_for(size: str) -> RecompileLattice:
         raise LookupError(f"cases/{CASE_FILE}: no [recompiles.{size}] table") from None
 
 
-def tolerance(name: str, dtype: str) -> Tolerance:
-    """`[tolerances.<name>_<dtype>]`, e.g. serving_vs_reference_fp32."""
-    key = f"{name}_{dtype}"
+def noise_floor_reason(mode: str) -> str:
+    """The reason of the golden noise floor for a row of `mode` (`[noise_floor.<comparison>]`):
+    compiled rows compare compiled with eager, the others serving with reference."""
+    key = "compiled_vs_eager" if mode == "compiled" else "serving_vs_reference"
     try:
-        return CASES["tolerances"][key]
+        return CASES["noise_floor"][key].reason
     except KeyError:
-        known = ", ".join(sorted(CASES["tolerances"]))
-        raise LookupError(f"cases/{CASE_FILE}: no [tolerances.{key}] for dtype {dtype} (have: {known})") from None
+        raise LookupError(f"cases/{CASE_FILE}: no [noise_floor.{key}]") from None
 
 
 def image_threshold(dtype: str) -> ImageThreshold:
@@ -199,17 +206,13 @@ class DiTModels:
     """The DiT under test and the truth, on the run's device."""
 
     target: Any  # the target's DiT adapter, in the run's dtype
-    reference: ReferenceDiT  # the truth in the run's dtype (fp32 lane: the comparison itself)
-    golden: ReferenceDiT | None  # the truth in fp64, for half-precision runs only
+    reference: ReferenceDiT  # the truth in the run's dtype: the noise the golden rule measures
+    golden: ReferenceDiT  # the truth in fp64
     config: DiTConfig
     size: str
     dtype: str
     device: torch.device
     source: str  # where the weights came from, for report details
-
-    @property
-    def half(self) -> bool:
-        return self.golden is not None
 
 
 def require_dit(target: Any) -> None:
@@ -219,25 +222,22 @@ def require_dit(target: Any) -> None:
 
 
 def build_dit_models(target: Any, settings: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
-    """The target's DiT, the reference in the same dtype and (in half precision) the fp64 golden."""
+    """The target's DiT, the reference in the same dtype and the fp64 golden."""
     device = torch.device(settings.device)
     dtype = TORCH_DTYPES[settings.dtype]
     seed = CASES["models"].checkpoint_seed + settings.seed
-    half = dtype in (torch.bfloat16, torch.float16)
     if settings.size == "tiny":
         directory = make_checkpoint("dit", "tiny", seed, tmp_path_factory.mktemp("dit-tiny"))
         adapter = target.load_dit(directory, device, dtype)
         reference = ReferenceDiT.load(directory, device, dtype)
-        golden = ReferenceDiT.load(directory, device, torch.float64) if half else None
+        golden = ReferenceDiT.load(directory, device, torch.float64)
         config, source = reference.config, f"make_checkpoint('dit', 'tiny', {seed}) at {directory}"
     else:
         config = config_for_size(settings.size)
         state = random_state_dict(config, seed, device, dtype)
         adapter = target.build_dit(config, state, device, dtype)
         reference = ReferenceDiT.build(config, state, device, dtype)
-        golden = None
-        if half:
-            golden = ReferenceDiT.build(config, {k: v.double() for k, v in state.items()}, device, torch.float64)
+        golden = ReferenceDiT.build(config, {k: v.double() for k, v in state.items()}, device, torch.float64)
         source = f"random_state_dict({settings.size}, seed {seed}) on {device}"
     return DiTModels(adapter, reference, golden, config, settings.size, settings.dtype, device, source)
 
@@ -311,17 +311,6 @@ def count_block_compiles(ledger: CompileLedger, codes: list[Any]) -> int:
     compiles frames of its own, and an all-frames count passed with regional compile off
     (vllm-project/vllm-omni#7455). Suites call it through this module so a harness variant can replace it."""
     return sum(ledger.compiles(code) for code in codes)
-
-
-def short_reason(text: str) -> str:
-    """One line of a Dynamo recompile reason: the guard and its source line, without the stack."""
-    kept = []
-    for line in text.splitlines():
-        if line.strip().startswith("User stack trace"):
-            break
-        kept.append(line.strip())
-    reason = " ".join(part for part in kept if part)
-    return re.sub(r"\s+", " ", reason)
 
 
 def image_path(run_dir: Path, case: str, variant: str) -> Path:
