@@ -67,6 +67,29 @@ class MoERange:
 
 
 @dataclasses.dataclass(frozen=True)
+class RecompileWarmup:
+    batch: int
+    length: int
+    expected_compiles: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RecompileLattice:
+    backend: str
+    backend_reason: str
+    batch_sizes: list[int]
+    lengths: list[int]
+    warmup: list[RecompileWarmup]
+
+    def __post_init__(self) -> None:
+        if not self.warmup:
+            raise ValueError("cases/ar.toml [recompiles]: a lattice needs at least one warm-up point")
+        if min(self.batch_sizes + self.lengths + [w.batch for w in self.warmup] + [w.length for w in self.warmup]) < 1:
+            raise ValueError("cases/ar.toml [recompiles]: batch sizes and lengths must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
 class NoiseFloorRule:
     reason: str
 
@@ -95,6 +118,7 @@ CASES = load_case_file(
         "moe_ranges": Table(MoERange),
         "observation": Table(Observation, many=False),
         "noise_floor": Table(NoiseFloorRule, many=False),
+        "recompiles": Table(RecompileLattice, many=False),
     },
 )
 NOISE_FLOOR: NoiseFloorRule = CASES["noise_floor"]
