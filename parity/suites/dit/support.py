@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from parity.cases import Table, load_case_file
+from parity.compare.images import psnr
 from parity.observe.compile_ledger import CompileLedger, short_reason  # noqa: F401 - re-exported for the DiT suites
 from parity.observe.regional import compile_repeated_blocks
 from reference_models.checkpoints import make_checkpoint
@@ -138,6 +141,29 @@ class ImageThreshold:
             raise ValueError(f"golden_max_drop_db must be >= 0, got {self.golden_max_drop_db}")
         if self.min_noise_values is not None and self.min_noise_values < 1:
             raise ValueError(f"min_noise_values must be >= 1, got {self.min_noise_values}")
+
+
+IMAGE_DATA_RANGE = 255.0  # delivered uint8 images (docs/images.md §3: declare it, record it)
+
+
+def image_bound(golden: np.ndarray, comparison: np.ndarray, threshold: ImageThreshold) -> tuple[float, str]:
+    """The least PSNR(golden, candidate) the rule accepts, and how it was computed.
+
+    PSNR(golden, comparison) - `golden_max_drop_db`: the candidate may be `10**(drop/20)` times
+    as far (RMSE) from the golden as the comparison is. With `min_noise_values`, the comparison's
+    squared error is taken as at least that many one-level differences: in fp32 the two images
+    differ from the golden only where a value sits within the float noise of a rounding boundary,
+    a count of a few values that is itself noisy, and a comparison that happens to equal the
+    golden (PSNR inf) would leave no room for one flipped value."""
+    measured = psnr(golden, comparison, data_range=IMAGE_DATA_RANGE).value
+    how = f"PSNR(golden, comparison) = {measured:.2f} dB"
+    if threshold.min_noise_values is not None:
+        floor_mse = threshold.min_noise_values / golden.size  # one level squared per value
+        floor_db = 10.0 * math.log10(IMAGE_DATA_RANGE**2 / floor_mse)
+        if measured > floor_db:
+            how += f", taken as {floor_db:.2f} dB ({threshold.min_noise_values} one-level differences in {golden.size} values)"
+            measured = floor_db
+    return measured - threshold.golden_max_drop_db, f"{how} minus {threshold.golden_max_drop_db:g} dB"
 
 
 CASE_FILE = "dit.toml"

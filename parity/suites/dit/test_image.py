@@ -4,7 +4,7 @@ delivered uint8 RGB images with PSNR and SSIM (data_range 255, SSIM over RGB wit
 Pairs: serving eager vs reference (`mode` eager), serving compiled (regional compile, Inductor)
 vs serving eager (`mode` compiled). In every dtype each candidate is judged by its distance from
 the fp64 golden image relative to its comparison image's (`image_bound`: the bound is measured in
-the run, `cases/dit.toml` [image_thresholds] says why), the pairwise PSNR and SSIM recorded
+the run, `cases/dit.toml` [image_thresholds] says why; `parity.suites.dit.support.image_bound`), the pairwise PSNR and SSIM recorded
 beside it.
 
 Every image is written to `<run_dir>/images/<case>/<variant>.png` (variants `reference`,
@@ -13,7 +13,6 @@ Every image is written to `<run_dir>/images/<case>/<variant>.png` (variants `ref
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -26,11 +25,13 @@ from parity.compare.images import psnr, ssim, write_png
 from parity.suites.conftest import require_graph_support
 from parity.suites.dit.support import (
     CASES,
+    IMAGE_DATA_RANGE,
     DiTModels,
     ImageCase,
     ImageThreshold,
     cases_for,
     compiled_for_comparison,
+    image_bound,
     image_path,
     image_threshold,
     require_size,
@@ -39,7 +40,7 @@ from parity.suites.dit.support import (
 
 pytestmark = pytest.mark.suite("image")
 
-DATA_RANGE = 255.0  # delivered uint8 images (docs/images.md §3: declare it, record it)
+DATA_RANGE = IMAGE_DATA_RANGE
 
 
 def generate(adapter: Any, models: DiTModels, case: ImageCase, seed_offset: int) -> np.ndarray:
@@ -82,26 +83,6 @@ class GoldenImages:
 @pytest.fixture(scope="session")
 def golden_images() -> GoldenImages:
     return GoldenImages()
-
-
-def image_bound(golden: np.ndarray, comparison: np.ndarray, threshold: ImageThreshold) -> tuple[float, str]:
-    """The least PSNR(golden, candidate) the rule accepts, and how it was computed.
-
-    PSNR(golden, comparison) - `golden_max_drop_db`: the candidate may be `10**(drop/20)` times
-    as far (RMSE) from the golden as the comparison is. With `min_noise_values`, the comparison's
-    squared error is taken as at least that many one-level differences: in fp32 the two images
-    differ from the golden only where a value sits within the float noise of a rounding boundary,
-    a count of a few values that is itself noisy, and a comparison that happens to equal the
-    golden (PSNR inf) would leave no room for one flipped value."""
-    measured = psnr(golden, comparison, data_range=DATA_RANGE).value
-    how = f"PSNR(golden, comparison) = {measured:.2f} dB"
-    if threshold.min_noise_values is not None:
-        floor_mse = threshold.min_noise_values / golden.size  # one level squared per value
-        floor_db = 10.0 * math.log10(DATA_RANGE**2 / floor_mse)
-        if measured > floor_db:
-            how += f", taken as {floor_db:.2f} dB ({threshold.min_noise_values} one-level differences in {golden.size} values)"
-            measured = floor_db
-    return measured - threshold.golden_max_drop_db, f"{how} minus {threshold.golden_max_drop_db:g} dB"
 
 
 def judge_pair(
