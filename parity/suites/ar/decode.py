@@ -203,6 +203,14 @@ def _worst_step(want: torch.Tensor, have: torch.Tensor, first: int) -> tuple[int
     return first + worst, float(per_step[worst])
 
 
+def _first_step_above_noise(want: torch.Tensor, have: torch.Tensor, golden: torch.Tensor) -> int | None:
+    """The first step (index into the bucket) whose logits alone fail the golden noise floor."""
+    for step in range(want.shape[1]):
+        if not judge(have[:, step], want[:, step], golden[:, step], name=f"step {step}").ok:
+            return step
+    return None
+
+
 def judge_teacher_forced(
     models: ARModels, reference: ReferenceDecode, step_logits: torch.Tensor, bucket_steps: int | None = None
 ) -> TeacherForced:
@@ -217,8 +225,14 @@ def judge_teacher_forced(
         want, have = reference.step_logits[:, first : last + 1], step_logits[:, first : last + 1]
         worst, worst_abs = _worst_step(want, have, first)
         name = f"teacher-forced step logits, steps {first}-{last} (largest |d| {worst_abs:.3g} at step {worst})"
+        golden = reference.golden[:, first : last + 1]
+        verdict = judge(have, want, golden, name=name)
+        if not verdict.ok:  # name the first step that is above the noise floor on its own
+            step = _first_step_above_noise(want, have, golden)
+            if step is not None:
+                name += f", first step above the noise floor at step {first + step}"
+                verdict = judge(have, want, golden, name=name)
         measured = diff(want, have, name=name)
-        verdict = judge(have, want, reference.golden[:, first : last + 1], name=name)
         buckets.append(StepBucket(first, last, verdict, measured))
     detail = f"{compared} of {steps} decode steps compared teacher-forced (the target fed the reference's tokens)"
     if have_steps != steps:
