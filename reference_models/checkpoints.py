@@ -5,10 +5,13 @@ registered for `kind` in `MAKERS` ("ar" here, "dit" from `dit_checkpoint`; other
 own entry). `random_state_dict(config, seed, device, dtype)` is the in-memory path for full-size
 GPU configurations that should never touch disk.
 
-Init (docs/model.md §9): seeded normal(0, 0.02) for matrices and embeddings, zero biases, ones for norm
-weights. Every tensor draws from its own generator seeded by (seed, tensor name), so a tensor's
-values do not depend on which other tensors exist or their order, and fp32 / bf16 / fp64 copies
-of one seed are roundings of the same fp32 draw.
+Init (docs/model.md §9): seeded normal(0, 0.02) for matrices, embeddings and biases, and
+`1 + normal(0, 0.1)` for norm weights. Upstream's zero biases and unit norm weights would make a
+dropped, swapped or misapplied bias or norm weight invisible to every numeric suite; drawn values
+make each tensor matter while the outputs stay well conditioned (the norm weights stay within
+about 0.6..1.4). Every tensor draws from its own generator seeded by (seed, tensor name), so a
+tensor's values do not depend on which other tensors exist or their order, and fp32 / bf16 / fp64
+copies of one seed are roundings of the same fp32 draw.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from reference_models.ar.model import MammothModa2ForCausalLM, Qwen2RMSNorm
 from reference_models.common import hf_checkpoint
 from reference_models.dit.checkpoint import make_dit_checkpoint
 
-INIT_STD = 0.02
+INIT_STD = 0.02  # matrices, embeddings and biases
+NORM_SPREAD = 0.1  # norm weights: 1 + normal(0, NORM_SPREAD)
 
 Maker = Callable[..., Path]
 MAKERS: dict[str, Maker] = {}
@@ -39,13 +43,14 @@ def tensor_seed(seed: int, name: str) -> int:
 def init_tensor(
     name: str, shape: tuple[int, ...], kind: str, seed: int, device: torch.device | str, dtype: torch.dtype
 ) -> torch.Tensor:
-    """One tensor under the init rule of docs/model.md §9; `kind` is "normal", "zeros" or "ones"."""
-    if kind == "zeros":
-        return torch.zeros(shape, device=device, dtype=dtype)
-    if kind == "ones":
-        return torch.ones(shape, device=device, dtype=dtype)
+    """One tensor under the init rule of docs/model.md §9; `kind` is "normal" (matrices, embeddings,
+    biases: normal(0, INIT_STD)) or "norm" (norm weights: 1 + normal(0, NORM_SPREAD))."""
+    if kind not in ("normal", "norm"):
+        raise ValueError(f"{name}: unknown init kind {kind!r} (normal, norm)")
     generator = torch.Generator(device=device).manual_seed(tensor_seed(seed, name))
     draw = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+    if kind == "norm":
+        return draw.mul_(NORM_SPREAD).add_(1.0).to(dtype)
     return draw.mul_(INIT_STD).to(dtype)
 
 
@@ -55,12 +60,7 @@ def init_kinds(model: nn.Module, norm_types: tuple[type[nn.Module], ...]) -> dic
     for module_name, module in model.named_modules():
         for param_name, param in module.named_parameters(recurse=False):
             name = f"{module_name}.{param_name}" if module_name else param_name
-            if isinstance(module, norm_types):
-                kind = "ones"
-            elif param_name == "bias":
-                kind = "zeros"
-            else:
-                kind = "normal"
+            kind = "norm" if isinstance(module, norm_types) else "normal"
             kinds[name] = (tuple(param.shape), kind)
     return kinds
 

@@ -18,9 +18,11 @@ from parity.compare import (
     compare,
     diff,
     dtype_spacing,
+    golden_noise_rule,
     noise_floor_multiplier,
     noise_floor_rule,
     rmse,
+    rounding_floor,
     ulp_distance,
 )
 
@@ -151,6 +153,52 @@ def test_noise_floor_rule_passes_within_the_multiplier_and_fails_beyond() -> Non
     bad, rec = noise_floor_rule(golden, eager, _noisy(golden, 3e-3, 3), tol)
     assert bad.verdict == FAIL and bad.threshold == pytest.approx(2 * rec.ref_error + 1e-7)
     assert ok.bound == bad.bound == "measured"  # the threshold is this run's noise, not a policy
+
+
+def test_golden_noise_rule_measures_every_term_of_its_bound() -> None:
+    golden = torch.randn(4096, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    eager = _noisy(golden, 1e-3, 1)
+    ok, rec = golden_noise_rule(golden, eager, _noisy(golden, 1.5e-3, 2))
+    assert ok.verdict == PASS and ok.bound == "measured" and rec.multiplier == 2.0 and not rec.allclose
+    # the floor is the golden's own rounding to fp32 (about 2^-24 of |x|/sqrt(3)), no atol in it
+    assert rec.floor == pytest.approx(rounding_floor(golden, torch.float32)) and 1e-9 < rec.floor < 1e-7
+    assert ok.threshold == pytest.approx(2 * rec.ref_error + rec.floor)
+    bad, _ = golden_noise_rule(golden, eager, _noisy(golden, 3e-3, 3))
+    assert bad.verdict == FAIL and "above noise floor" in bad.detail
+
+
+def test_golden_noise_rule_has_no_precheck_and_no_fixed_floor() -> None:
+    """The weakness of the fixed pre-check and floor on bf16 logits of |x| ~ 0.5 (the tiny model):
+    a defect several times the noise passes `noise_floor_rule` at atol = rtol = 1e-2 and fails here."""
+    golden = 0.5 * torch.randn(2560, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    eager = golden.to(torch.bfloat16)  # a faithful bf16 reference: rounding only
+    shifted = (golden + 4e-3).to(torch.bfloat16)  # every logit off by about one bf16 spacing at 0.5
+    hf_bound = Tolerance(1e-2, 1e-2, "the HF bf16 pair, as the former noise_floor_bf16")
+    weak, weak_rec = noise_floor_rule(golden, eager, shifted, hf_bound)
+    assert weak.verdict == PASS and weak_rec.allclose  # the pre-check let it through
+    strict, rec = golden_noise_rule(golden, eager, shifted)
+    assert strict.verdict == FAIL and rec.ratio > 3
+    assert rec.floor == pytest.approx(rec.ref_error)  # the reference is the golden rounded: error = floor
+    same, _ = golden_noise_rule(golden, eager, eager.clone())
+    assert same.verdict == PASS  # the reference itself passes: its error is within m x itself + floor
+
+
+def test_golden_noise_rule_on_an_exact_reference_still_allows_rounding() -> None:
+    """Where the reference equals the golden (exact values), the floor is the dtype's rounding."""
+    golden = torch.arange(1, 65, dtype=torch.float64) / 3.0
+    exact = golden.float()
+    verdict, rec = golden_noise_rule(golden, golden, exact)
+    assert rec.ref_error == 0.0 and verdict.verdict == PASS and rec.floor > 0
+    nudged = torch.nextafter(exact, torch.full_like(exact, math.inf))
+    assert golden_noise_rule(golden, golden, nudged)[0].verdict == FAIL  # one more rounding than storing needs
+
+
+def test_golden_noise_rule_non_finite_candidate_fails_with_reason() -> None:
+    golden = torch.ones(8, dtype=torch.float64)
+    cand = torch.ones(8)
+    cand[2] = math.inf
+    verdict, _ = golden_noise_rule(golden, torch.ones(8), cand)
+    assert verdict.verdict == FAIL and "non-finite" in verdict.detail
 
 
 def test_a_verdicts_bound_is_fixed_with_a_threshold_and_empty_without() -> None:

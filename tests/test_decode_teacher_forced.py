@@ -158,7 +158,7 @@ def test_bucket_size_comes_from_the_case_file_with_its_reason() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# fp32: the allclose rule
+# fp32: the golden noise floor (as in every dtype)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -185,7 +185,7 @@ def test_a_defect_from_step_10_on_turns_the_teacher_forced_buckets_red_from_step
     assert verdicts(forced) == [PASS] + [FAIL] * (STEPS // SETTINGS.bucket_steps - 1)
     first_red = forced.buckets[1]
     assert first_red.site == "teacher_forced.steps.8-15"
-    assert "first over tolerance at step 10:" in first_red.verdict.detail
+    assert "first step above the noise floor at step 10:" in first_red.verdict.detail
     assert first_red.verdict.value > 100 * forced.buckets[0].verdict.value  # far above the noise of steps 0-7
     assert forced.compared.verdict == PASS and forced.compared.value == STEPS
 
@@ -201,7 +201,7 @@ def test_after_an_early_tie_flip_free_running_is_green_while_teacher_forcing_cat
     assert free.matched.ok and free.logits.verdict == PASS and free.measured.shape[1] == TIE_STEP
     # Teacher forcing compares all 64 steps: the flip's step agrees, the defect from step 10 does not.
     assert verdicts(forced)[0] == PASS
-    assert verdicts(forced)[1] == FAIL and "first over tolerance at step 10:" in forced.buckets[1].verdict.detail
+    assert verdicts(forced)[1] == FAIL and "first step above the noise floor at step 10:" in forced.buckets[1].verdict.detail
     assert forced.compared.value == STEPS
     # Without the defect the same tie leaves teacher forcing green: the flip alone is not a failure.
     with tie_at_step(fp32, length, TIE_STEP):
@@ -220,7 +220,8 @@ def test_compared_steps_fails_when_the_target_yields_fewer_steps(fp32: ARModels)
 
 
 def test_teacher_forced_rows(fp32: ARModels, tmp_path: Path) -> None:
-    """Per bucket a gate row (max_abs in fp32) and an info row max_ulp; then compared_steps."""
+    """Per bucket a gate row (rmse_vs_golden, in fp32 as in every dtype) and info rows max_abs and
+    max_ulp; then compared_steps."""
     prompt = fp32.ids(PROMPT)
     with late_defect(fp32, prompt.shape[1] + LATE):
         _, _, forced = run_both(fp32, prompt)
@@ -228,13 +229,14 @@ def test_teacher_forced_rows(fp32: ARModels, tmp_path: Path) -> None:
     write_teacher_forced(report, forced, case="c", mode="eager")
     rows = read_results(tmp_path)
     buckets = STEPS // SETTINGS.bucket_steps
-    assert len(rows) == 2 * buckets + 1
+    assert len(rows) == 3 * buckets + 1
     gates = rows[rows["kind"] == "gate"]
     assert list(gates["site"]) == [f"teacher_forced.steps.{8 * i}-{8 * i + 7}" for i in range(buckets)] + ["teacher_forced"]
-    assert list(gates["metric"]) == ["max_abs"] * buckets + ["compared_steps"]
+    assert list(gates["metric"]) == ["rmse_vs_golden"] * buckets + ["compared_steps"]
+    assert list(gates["bound"]) == ["measured"] * buckets + ["fixed"]
     assert list(gates["verdict"]) == [PASS] + [FAIL] * (buckets - 1) + [PASS]
     info = rows[rows["kind"] == "info"]
-    assert set(info["metric"]) == {"max_ulp"} and len(info) == buckets
+    assert set(info["metric"]) == {"max_abs", "max_ulp"} and len(info) == 2 * buckets
     assert (info["value"] > 0).all()
     compared = gates.iloc[-1]
     assert (compared["value"], compared["threshold"], compared["better"]) == (STEPS, STEPS, "equal")
@@ -295,7 +297,7 @@ def test_the_decode_suite_goes_red_on_a_late_decode_defect(tmp_path: Path) -> No
         assert by_site["teacher_forced.steps.8-15"] == FAIL, (case, mode)
         first_bad_step = FIRST_BAD_POSITION - prompt_length[case] + 1  # decoding position L+i-1 gives step i
         detail = group[group["site"] == "teacher_forced.steps.8-15"]["detail"].iloc[0]
-        assert f"first over tolerance at step {first_bad_step}:" in detail, detail
+        assert f"first step above the noise floor at step {first_bad_step}:" in detail, detail
         compared = group[group["metric"] == "compared_steps"]
         assert list(compared["value"]) == [STEPS] and list(compared["verdict"]) == [PASS]
     assert set(gates["mode"]) == {"eager", "cpu_graph"}

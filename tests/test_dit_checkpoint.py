@@ -97,13 +97,16 @@ def test_full_shapes_on_meta():
 def test_init_overrides_upstream_zero_inits_and_is_bf16_exact():
     state = tiny_state()
     for name, value in state.items():
-        if name.endswith(".bias"):
-            assert not value.any(), name
-        elif value.ndim == 1:
-            assert torch.equal(value, torch.ones_like(value)), name
+        if name.endswith(".bias"):  # drawn with the layer's matrix std: a dropped bias shows
+            weight = state[name.removesuffix(".bias") + ".weight"]
+            assert value.std() > 0.2 * weight.std(), name
+        elif value.ndim == 1:  # norm weights 1 + normal(0, 0.1): a swapped or dropped weight shows
+            assert value.min() > 0.5 and value.max() < 1.5 and value.std() > 0.03, name
         else:
             assert value.std() > 0.01, name  # no zero init (adaLN, norm_out included)
         assert torch.equal(value, value.to(torch.bfloat16).float()), name
+    norms = torch.cat([v for n, v in state.items() if v.ndim == 1 and not n.endswith(".bias")])
+    assert norms.mean().item() == pytest.approx(1.0, abs=0.01) and norms.std().item() == pytest.approx(0.1, rel=0.1)
     # Matrices: std 1/sqrt(fan_in) by default; matrix_std=0.02 is the AR backbone's rule.
     assert state["layers.0.attn.to_q.weight"].std().item() == pytest.approx(96**-0.5, rel=0.05)
     literal = random_state_dict(tiny_config(), 0, matrix_std=0.02)

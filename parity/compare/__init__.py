@@ -10,6 +10,8 @@ diverging layer is the first failing leaf. Two rules turn a diff into a `Verdict
 * `noise_floor_rule`: the candidate's RMSE against an fp64 golden may be at most `multiplier`
   times the eager reference's RMSE against the same golden, plus a floor (`tol / 10`): the rule of
   `torch._dynamo.utils.same`. Its bound is *measured* (`Verdict.bound`), not a policy.
+* `golden_noise_rule`: the same without a pre-check and with the golden's rounding to the
+  candidate's dtype as the floor: every term of its bound is measured in the run.
 
 Scalar checks go through `count_rule`, `threshold_rule`, `flag_rule` and `equality_rule`, so
 every suite row's value, threshold and verdict come from one place.
@@ -30,9 +32,11 @@ from parity.compare.rules import (
     dtype_spacing,
     equality_rule,
     flag_rule,
+    golden_noise_rule,
     noise_floor_multiplier,
     noise_floor_rule,
     rmse,
+    rounding_floor,
     threshold_rule,
 )
 from parity.compare.verdict import (
@@ -59,6 +63,8 @@ __all__ = [
     "count_rule",
     "equality_rule",
     "flag_rule",
+    "golden_noise_rule",
+    "rounding_floor",
     "threshold_rule",
     "BOUND_KINDS",
     "ERROR",

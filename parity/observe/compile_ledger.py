@@ -32,6 +32,7 @@ import collections
 import contextlib
 import functools
 import inspect
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -79,6 +80,17 @@ def code_label(code: CodeType) -> str:
 
 def code_location(code: CodeType) -> str:
     return f"{code.co_filename}:{code.co_firstlineno}"
+
+
+def short_reason(text: str) -> str:
+    """One line of a Dynamo recompile reason: the guard and its source line, without the stack."""
+    kept = []
+    for line in text.splitlines():
+        if line.strip().startswith("User stack trace"):
+            break
+        kept.append(line.strip())
+    reason = " ".join(part for part in kept if part)
+    return re.sub(r"\s+", " ", reason)
 
 
 def code_of(target: Any) -> CodeType:

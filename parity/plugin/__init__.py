@@ -111,6 +111,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
         if not torch.cuda.is_available():
             raise pytest.UsageError("--parity-device cuda: no CUDA device is available on this machine")
+        if session.dtype == "fp32":
+            # fp32 means IEEE fp32: cuDNN convolutions default to TF32 (10-bit mantissa), which would
+            # put half-precision noise into the decoder of an "fp32" run; the catalogue's fp32 kills
+            # on the CUDA lane (defects invisible at bf16) assume fp32 rounding.
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
     add_case_dirs(session.cases_dirs)
     config.stash[SESSION] = session
     config.stash[WRITER] = session.writer(config)

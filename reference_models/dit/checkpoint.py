@@ -10,18 +10,21 @@ upstream's (`x_embedder.*`, `time_caption_embed.*`, `context_refiner.N.*`, `nois
 them. The release layout (`layout="release"`, `release.py`, docs/model.md §10) carries them, under
 `gen_transformer.`, and the readers list them as unused.
 
-Initialisation (docs/model.md §9, with one measured deviation): zero biases, ones for norm weights, a
-seeded normal for every matrix, and no zero init anywhere (upstream zero-initialises the adaLN
-linears and `norm_out`, which makes every modulated block the identity and parity vacuous). The
-matrices' std is 1/sqrt(fan_in) by default rather than the AR backbone's flat 0.02: the two agree at the
-full width (1/sqrt(2520) = 0.0199), but at the tiny width 0.02 leaves the blocks near-identity.
-Measured on tiny (seed 0, 32x32 latents, t = 0.3): with 0.02 the adaLN gates are ~0.004, the
+Initialisation (docs/model.md §9, with one measured deviation): a seeded normal for every matrix
+and every bias, `1 + normal(0, 0.1)` for norm weights, and no zero init anywhere (upstream
+zero-initialises the adaLN linears and `norm_out`, which makes every modulated block the identity
+and parity vacuous; zero biases and unit norm weights would hide a dropped, swapped or misapplied
+bias or norm weight from every numeric suite). The matrices' std is 1/sqrt(fan_in) by default
+rather than the AR backbone's flat 0.02: the two agree at the full width (1/sqrt(2520) = 0.0199),
+but at the tiny width 0.02 leaves the blocks near-identity. Measured on tiny (seed 0, 32x32
+latents, t = 0.3, with the former zero biases and unit norm weights): with 0.02 the adaLN gates are ~0.004, the
 blocks move the velocity by 2.9% and 4 text tokens move it by 0.14% (below bf16 resolution),
 and CFG 4.0 vs 1.0 changes the decoded image by 0.03 grey levels on average; with 1/sqrt(fan_in)
 the same numbers are 38%, 1.7% and 2.0 levels. `matrix_std=0.02` gives the AR backbone's init.
-Decoder convolutions always use 1/sqrt(fan_in), so the decoded image has contrast. Every value
-is rounded to bf16, so fp64, fp32 and bf16 runs of one checkpoint hold bit-identical weights and
-storing it in bf16 is lossless.
+A bias draws with its layer's matrix std (PyTorch's default `nn.Linear` bias has the same scale,
+U(+-1/sqrt(fan_in))). Decoder convolutions always use 1/sqrt(fan_in), so the decoded image has
+contrast. Every value is rounded to bf16, so fp64, fp32 and bf16 runs of one checkpoint hold
+bit-identical weights and storing it in bf16 is lossless.
 """
 
 from __future__ import annotations
@@ -65,9 +68,15 @@ def expected_shapes(config: DiTConfig) -> dict[str, torch.Size]:
     return shapes
 
 
-def _init_std(name: str, shape: torch.Size, matrix_std: float | None) -> float | None:
-    """None for constants (biases → 0, norm weights → 1), else the normal's std."""
-    if name.endswith(".bias") or len(shape) == 1:
+NORM_SPREAD = 0.1  # norm weights: 1 + normal(0, NORM_SPREAD), within about 0.6..1.4
+
+
+def _init_std(name: str, shape: torch.Size, shapes: Mapping[str, torch.Size], matrix_std: float | None) -> float | None:
+    """The normal's std of a matrix or a bias (a bias takes its layer's weight's std); None for a
+    norm weight (1-D, not a bias), which draws `1 + normal(0, NORM_SPREAD)`."""
+    if name.endswith(".bias"):
+        shape = shapes[name.removesuffix(".bias") + ".weight"]
+    elif len(shape) == 1:
         return None
     fan_in = math.prod(shape[1:])
     if len(shape) == 4 or matrix_std is None:
@@ -94,13 +103,11 @@ def random_state_dict(
     device = torch.device(device)
     generator = torch.Generator(device=device).manual_seed(seed)
     state: dict[str, torch.Tensor] = {}
-    for name, shape in expected_shapes(config).items():
-        std = _init_std(name, shape, matrix_std)
-        if std is None:
-            fill = 0.0 if name.endswith(".bias") else 1.0
-            value = torch.full(shape, fill, device=device, dtype=torch.float32)
-        else:
-            value = torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * std
+    shapes = expected_shapes(config)
+    for name, shape in shapes.items():
+        std = _init_std(name, shape, shapes, matrix_std)
+        draw = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+        value = 1.0 + NORM_SPREAD * draw if std is None else draw * std
         state[name] = value.to(torch.bfloat16).to(dtype)
     return state
 

@@ -10,9 +10,10 @@
   conditioned on its own tokens) and every step is compared, tie flip or not. Rows per bucket of
   steps (`[decode_settings] bucket_steps`).
 
-fp32 (no golden): allclose at `serving_vs_reference_fp32`. Off fp32: the fp64-golden noise-floor
-rule at `noise_floor_bf16`, the golden being the fp64 reference's forward over prompt + the
-reference's tokens (the same context both sides were fed).
+Step logits are judged in every dtype by the golden noise-floor rule (`judge` of
+`parity.suites.ar.support`, cases/ar.toml [noise_floor]): the golden is the fp64 reference's
+forward over prompt + the reference's tokens (the same context both sides were fed), and the bound
+is the reference's own error in the run's dtype, measured in the same run.
 """
 
 from __future__ import annotations
@@ -33,10 +34,9 @@ from parity.compare import (
     classify_decision,
     count_rule,
     diff,
-    noise_floor_rule,
 )
 from parity.runners import make_runner
-from parity.suites.ar.support import CASES, TOL, ARModels, DecodeSettings
+from parity.suites.ar.support import CASES, ARModels, DecodeSettings, judge
 
 SETTINGS: DecodeSettings = CASES["decode_settings"]
 
@@ -45,12 +45,12 @@ StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclasses.dataclass(frozen=True)
 class ReferenceDecode:
-    """The reference's greedy decode of one prompt and, off fp32, the golden's logits on its tokens."""
+    """The reference's greedy decode of one prompt and the golden's logits on its tokens."""
 
     prompt: torch.Tensor  # [B, L]
     tokens: torch.Tensor  # [B, N]: the reference's greedy tokens
     step_logits: torch.Tensor  # [B, N, V]: step_logits[:, i] chose tokens[:, i]
-    golden: torch.Tensor | None  # [B, N, V] fp64, same contexts as step_logits; None in fp32
+    golden: torch.Tensor  # [B, N, V] fp64, same contexts as step_logits
 
     @property
     def steps(self) -> int:
@@ -59,13 +59,11 @@ class ReferenceDecode:
 
 @torch.no_grad()
 def reference_decode(models: ARModels, prompt: torch.Tensor, steps: int) -> ReferenceDecode:
-    """Run the reference's greedy decode (full recompute) and, off fp32, the fp64 golden on its tokens."""
+    """Run the reference's greedy decode (full recompute) and the fp64 golden on its tokens."""
     out = models.reference.greedy_generate(prompt, steps)
-    golden = None
-    if models.golden is not None:
-        length = prompt.shape[1]
-        sequence = torch.cat([prompt, out.tokens], dim=1)
-        golden = models.golden.forward(sequence).logits[:, length - 1 : length - 1 + steps]
+    length = prompt.shape[1]
+    sequence = torch.cat([prompt, out.tokens], dim=1)
+    golden = models.golden.forward(sequence).logits[:, length - 1 : length - 1 + steps]
     return ReferenceDecode(prompt, out.tokens, out.step_logits, golden)
 
 
@@ -88,8 +86,8 @@ def graph_step(models: ARModels, mode: str, batch: int) -> tuple[Any, StepFn]:
 @dataclasses.dataclass(frozen=True)
 class FreeRunning:
     """The free-running metric: `matched` (gate `matched_steps`) and the step logits up to the
-    first divergence (`logits`; fp32 also `measured`, the diff behind it), None when no step was
-    comparable."""
+    first divergence (`logits`, the golden noise floor, and `measured`, the plain diff recorded
+    beside it), None when no step was comparable."""
 
     matched: Verdict
     logits: Verdict | None
@@ -140,13 +138,10 @@ def judge_free_running(
     if matched == 0:
         return FreeRunning(matched_verdict, None, None, "step_logits")
     want, have = reference.step_logits[:, :matched], step_logits[:, :matched]
-    if reference.golden is None:  # fp32: plain tolerance
-        measured = diff(want, have, TOL["serving_vs_reference_fp32"], name="step logits")
-        site = "step_logits" if measured.first_bad_index is None else f"step.{measured.first_bad_index[1]}"
-        return FreeRunning(matched_verdict, measured.verdict("max_abs"), measured, site)
-    # off fp32: both against the fp64 golden, teacher-forced on the reference's tokens
-    logits, _ = noise_floor_rule(reference.golden[:, :matched], want, have, TOL["noise_floor_bf16"], name="step logits")
-    return FreeRunning(matched_verdict, logits, None, "step_logits")
+    worst, worst_abs = _worst_step(want, have, 0)
+    name = f"step logits, steps 0-{matched - 1} (largest |d| {worst_abs:.3g} at step {worst})"
+    logits = judge(have, want, reference.golden[:, :matched], name=name)
+    return FreeRunning(matched_verdict, logits, diff(want, have, name=name), "step_logits")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,9 +182,8 @@ class StepBucket:
 
     first: int
     last: int
-    verdict: Verdict  # fp32: allclose (`max_abs`); off fp32: the golden noise floor (`rmse_vs_golden`)
+    verdict: Verdict  # the golden noise floor (`rmse_vs_golden`)
     measured: TensorDiff
-    noise_floor: bool
 
     @property
     def site(self) -> str:
@@ -209,6 +203,14 @@ def _worst_step(want: torch.Tensor, have: torch.Tensor, first: int) -> tuple[int
     return first + worst, float(per_step[worst])
 
 
+def _first_step_above_noise(want: torch.Tensor, have: torch.Tensor, golden: torch.Tensor) -> int | None:
+    """The first step (index into the bucket) whose logits alone fail the golden noise floor."""
+    for step in range(want.shape[1]):
+        if not judge(have[:, step], want[:, step], golden[:, step], name=f"step {step}").ok:
+            return step
+    return None
+
+
 def judge_teacher_forced(
     models: ARModels, reference: ReferenceDecode, step_logits: torch.Tensor, bucket_steps: int | None = None
 ) -> TeacherForced:
@@ -223,17 +225,15 @@ def judge_teacher_forced(
         want, have = reference.step_logits[:, first : last + 1], step_logits[:, first : last + 1]
         worst, worst_abs = _worst_step(want, have, first)
         name = f"teacher-forced step logits, steps {first}-{last} (largest |d| {worst_abs:.3g} at step {worst})"
-        if reference.golden is None:  # fp32: element-wise allclose
-            measured = diff(want, have, TOL["serving_vs_reference_fp32"], name=name)
-            if measured.first_bad_index is not None:
-                name += f", first over tolerance at step {first + measured.first_bad_index[1]}"
-                measured = dataclasses.replace(measured, name=name)
-            verdict = measured.verdict("max_abs")
-        else:  # off fp32: the fp64-golden noise floor over the bucket
-            tol = TOL["noise_floor_bf16"]
-            measured = diff(want, have, tol, name=name)
-            verdict, _ = noise_floor_rule(reference.golden[:, first : last + 1], want, have, tol, name=name)
-        buckets.append(StepBucket(first, last, verdict, measured, noise_floor=reference.golden is not None))
+        golden = reference.golden[:, first : last + 1]
+        verdict = judge(have, want, golden, name=name)
+        if not verdict.ok:  # name the first step that is above the noise floor on its own
+            step = _first_step_above_noise(want, have, golden)
+            if step is not None:
+                name += f", first step above the noise floor at step {first + step}"
+                verdict = judge(have, want, golden, name=name)
+        measured = diff(want, have, name=name)
+        buckets.append(StepBucket(first, last, verdict, measured))
     detail = f"{compared} of {steps} decode steps compared teacher-forced (the target fed the reference's tokens)"
     if have_steps != steps:
         detail += f"; the target produced {have_steps} step logits"
@@ -242,13 +242,10 @@ def judge_teacher_forced(
 
 
 def write_teacher_forced(report: Any, result: TeacherForced, *, case: str, mode: str) -> None:
-    """Rows: per bucket a gate row (fp32 `max_abs`, off fp32 `rmse_vs_golden`) with `max_ulp`
-    (and off fp32 `max_abs`) as info rows; then the gate row `compared_steps`."""
+    """Rows: per bucket a gate row `rmse_vs_golden` with `max_abs` and `max_ulp` as info rows;
+    then the gate row `compared_steps`."""
     for bucket in result.buckets:
         where = {"case": case, "mode": mode, "site": bucket.site}
-        if not bucket.noise_floor:  # the gate is the diff's own max_abs
-            report.diff(bucket.measured, info=("max_ulp",), **where)
-            continue
         report.verdict(bucket.verdict, **where)
         for metric in ("max_abs", "max_ulp"):
             report.info(

@@ -23,12 +23,15 @@ ENV_TARGET, ENV_SEED, ENV_DEVICE = "PARITY_FC_TARGET", "PARITY_FC_SEED", "PARITY
 ENV_LAYOUT = "PARITY_FC_LAYOUT"
 
 
+def _checkpoint():
+    seed, layout = int(os.environ.get(ENV_SEED, "0")), os.environ.get(ENV_LAYOUT, "parity")
+    return make_checkpoint("ar", "tiny", seed, tempfile.mkdtemp(prefix="parity-fc-"), layout=layout)
+
+
 def _adapter():
     target = load_target(os.environ.get(ENV_TARGET, "serving"))
-    seed, layout = int(os.environ.get(ENV_SEED, "0")), os.environ.get(ENV_LAYOUT, "parity")
-    checkpoint = make_checkpoint("ar", "tiny", seed, tempfile.mkdtemp(prefix="parity-fc-"), layout=layout)
     device = torch.device(os.environ.get(ENV_DEVICE, "cpu"))
-    return target, target.load_ar(checkpoint, device, torch.float32), device
+    return target, target.load_ar(_checkpoint(), device, torch.float32), device
 
 
 def capture_without_mask() -> CaptureCase:
@@ -47,14 +50,31 @@ def capture_without_mask_case(target, adapter, device: torch.device) -> CaptureC
     return CaptureCase(forward_on_embeddings, (embeds,), name="forward(inputs_embeds only)", capture_registry=target.capture)
 
 
-def count_missing_probe_warnings(calls: int = 25) -> int:
-    """Remove the CPU backend's probe through the target's registry, run `calls` forwards, count
-    the warnings that say a capture probe is missing (printed for the parent)."""
+def count_missing_probe_warnings(calls: int = 25) -> tuple[int, int]:
+    """Remove the CPU backend's probe through the target's registry and count the warnings that
+    say a capture probe is missing: first over `calls` forwards of one model instance, then over
+    `calls` forwards alternating between that instance and two more built in the same process
+    (one before, one after the second phase starts). The contract is once per process, so the
+    counts must be 1 and 0: a per-instance (or per-layer) "once" shows in one of them."""
     target, adapter, device = _adapter()
     ids = torch.tensor([[3, 17, 42, 5]], device=device)
     target.capture.register_capture_probe(device.type, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(calls):
-            adapter.forward(ids)
-    return sum("probe" in str(w.message).lower() for w in caught)
+
+    def count(forwards) -> int:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for forward in forwards:
+                forward(ids)
+        return sum("probe" in str(w.message).lower() for w in caught)
+
+    first = count([adapter.forward] * calls)
+    second = target.load_ar(_checkpoint(), device, torch.float32)
+    third = []  # built between forwards, after the process has warned
+
+    def third_forward(input_ids: torch.Tensor):
+        if not third:
+            third.append(target.load_ar(_checkpoint(), device, torch.float32))
+        return third[0].forward(input_ids)
+
+    more = count([adapter.forward, second.forward, third_forward] * (calls // 3 + 1))
+    return first, more

@@ -10,7 +10,7 @@ import importlib
 import warnings
 from collections.abc import Callable
 
-from parity.suites.sensitivity.catalogue import Kill, factory_lookup, mutant
+from parity.suites.sensitivity.catalogue import RUNNERS, Kill, factory_lookup, mutant
 from parity.suites.sensitivity.catalogue import patch as _patch
 
 __getattr__ = factory_lookup(__name__)
@@ -237,11 +237,39 @@ def _warn_never() -> None:
 
 
 @mutant(
+    "probe-warning-once-per-model",
+    defect=(
+        "the missing-probe warning's 'once' is kept per model instance (a flag the model owns): every "
+        "pipeline stage or engine rebuilt in the process warns again (vllm-project/vllm-omni#9764 specifies once per process)"
+    ),
+    suite="fail_closed_capture",
+    tests=("parity/suites/ar/test_fail_closed_capture.py", "-k", "missing_probe"),
+)
+def _warn_once_per_model() -> None:
+    from serving_models.common import capture
+
+    ar = importlib.import_module(AR)
+    top = ar.MammothModa2ForConditionalGeneration
+    original = top.forward
+
+    def forward(self, *args, **kwargs):
+        process_wide = capture._warned
+        capture._warned = self.__dict__.setdefault("_missing_probe_warned", set())  # the instance's own "once"
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            capture._warned = process_wide
+
+    top.forward = forward
+
+
+@mutant(
     "replay-without-copy-in",
     defect="a decode step replayed without copying the new inputs into the graph's static buffers (stale replay)",
     suite="decode",
     tests=("parity/suites/ar/test_decode.py", "-k", "cpu_graph"),
     cuda=("parity/suites/ar/test_decode.py", "-k", "cuda_graph"),
+    family=RUNNERS,
 )
 def _no_copy_in() -> None:
     from parity.runners.graph import GraphRun  # the copy-in both graph modes share
@@ -271,3 +299,157 @@ def _rmsnorm_eps() -> None:
         original(self, hidden_size, 1e-5, *args, **kwargs)
 
     ar.RMSNorm.__init__ = __init__
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights and numerics: loader maps and config values a port gets wrong (visible since random
+# checkpoints draw biases and norm weights, reference_models/checkpoints.py)
+# ---------------------------------------------------------------------------------------------
+
+NUMERICS_EAGER = ("parity/suites/ar/test_numerics.py", "-k", "layer_by_layer and eager")
+
+
+def _patch_checkpoint_names(rewrite: Callable[[str, list[str]], list[str]]) -> None:
+    weights = importlib.import_module("serving_models.ar.weights")
+    original = weights.checkpoint_names_for
+    weights.checkpoint_names_for = lambda serving_name: rewrite(serving_name, original(serving_name))
+
+
+@mutant(
+    "qkv-bias-shards-swapped",
+    defect=(
+        "the loader's stacked-parameter map stacks the fused q|k|v bias as q|v|k (the weights in the right "
+        "order): keys carry the value bias and values the key bias; every tensor is read, and with zero "
+        "biases the outputs were identical"
+    ),
+    suite="numerics",
+    tests=NUMERICS_EAGER,
+)
+def _qkv_bias_swapped() -> None:
+    def rewrite(name: str, parts: list[str]) -> list[str]:
+        return [parts[0], parts[2], parts[1]] if name.endswith("qkv_proj.bias") else parts
+
+    _patch_checkpoint_names(rewrite)
+
+
+@mutant(
+    "layernorm-weights-swapped",
+    defect=(
+        "the loader maps input_layernorm.weight to post_attention_layernorm and back (a name-mapping slip of a "
+        "fused add+norm port): every tensor is read, and with unit norm weights the outputs were identical"
+    ),
+    suite="numerics",
+    tests=NUMERICS_EAGER,
+)
+def _layernorms_swapped() -> None:
+    swap = {
+        "input_layernorm.weight": "post_attention_layernorm.weight",
+        "post_attention_layernorm.weight": "input_layernorm.weight",
+    }
+
+    def rewrite(name: str, parts: list[str]) -> list[str]:
+        for old, new in swap.items():
+            if name.endswith(old):
+                return [parts[0].removesuffix(old) + new]
+        return parts
+
+    _patch_checkpoint_names(rewrite)
+
+
+@mutant(
+    "rope-theta-default",
+    defect="the serving RoPE built with the default theta 10000 instead of the config's rope_theta (1e6 in Qwen2.5 backbones)",
+    suite="numerics",
+    tests=NUMERICS_EAGER,
+    cuda=Kill(
+        NUMERICS_EAGER,
+        dtype="fp32",
+        why=(
+            "at the numerics prompts' positions (at most 12) the two thetas' angles are close: the first layer moves by "
+            "RMSE 3.9e-5 (tiny, fp32), inside bf16's noise there (the bf16 bound is about 3.4e-4): an equivalent "
+            "mutant at bf16, so the CUDA lane checks it in fp32"
+        ),
+    ),
+)
+def _rope_theta_default() -> None:
+    ar = importlib.import_module(AR)
+    original = ar.RotaryEmbedding.__init__
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        original(self, head_dim, 10000.0)
+
+    ar.RotaryEmbedding.__init__ = __init__
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode positions
+# ---------------------------------------------------------------------------------------------
+
+# The longest decode-case prompt (cases/ar.toml) has 8 tokens: position 17 is decoded at step 10
+# for it and later for the shorter ones, so steps 0-9 of every case are exact (tests/decode_targets.py).
+LATE_BAD_POSITION = 17
+
+
+def _patch_decode_positions(change: Callable) -> None:
+    from serving_models.ar import adapter
+
+    original = adapter.ServingARAdapter.decode_step  # the plain function (a traceable_method)
+
+    def decode_step(self, input_ids, positions):
+        return original(self, input_ids, change(positions))
+
+    adapter.ServingARAdapter.decode_step = adapter.traceable_method(decode_step)
+
+
+@mutant(
+    "decode-position-saturates-late",
+    defect=(
+        f"decode positions saturate at {LATE_BAD_POSITION - 1} (a position clamped at a block or capacity boundary): "
+        f"from position {LATE_BAD_POSITION} on every token overwrites one KV slot and reuses its RoPE angle; steps 0-9 "
+        "are exact, so only decode evidence after step 8 shows it (teacher-forced buckets 8-15 on)"
+    ),
+    suite="decode",
+    tests=("parity/suites/ar/test_decode.py", "-k", "teacher_forced and eager"),
+    cuda=("parity/suites/ar/test_decode.py", "-k", "teacher_forced and cuda_graph"),
+)
+def _late_position_saturation() -> None:
+    _patch_decode_positions(lambda positions: positions.clamp(max=LATE_BAD_POSITION - 1))
+
+
+@mutant(
+    "decode-position-off-by-one",
+    defect="the decode step is given position L+i instead of L+i-1 (a sequence length used as the position): a KV slot is skipped and every RoPE angle is one ahead",
+    suite="decode",
+    tests=("parity/suites/ar/test_decode.py", "-k", "teacher_forced and eager"),
+)
+def _position_off_by_one() -> None:
+    _patch_decode_positions(lambda positions: positions + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Runners: how the harness's compiled and graph modes serve a step (as an engine's runner does)
+# ---------------------------------------------------------------------------------------------
+
+
+@mutant(
+    "compiled-runner-static-shapes",
+    defect=(
+        "the compiled mode compiles with dynamic=False where a serving engine compiles the step with dynamic "
+        "shapes: every new batch size or length recompiles until the recompile limit, then runs eager; "
+        "the outputs stay right, so every numeric suite passes"
+    ),
+    suite="recompiles",
+    tests=("parity/suites/ar/test_recompiles.py",),
+    family=RUNNERS,
+)
+def _static_shapes() -> None:
+    import dataclasses
+
+    from parity.runners import compiled
+
+    original = compiled.compile_function
+
+    def compile_function(fn, options, ledger):
+        return original(fn, dataclasses.replace(options, dynamic=False), ledger)
+
+    compiled.compile_function = compile_function

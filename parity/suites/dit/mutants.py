@@ -25,6 +25,14 @@ and names the suite and test that kill it (shown in `tests/test_suites_dit.py`).
 - `schedule_torch_linspace`, `schedule_shift_from_height`: the schedule on torch.linspace's float32
   grid; the shift from the latent height alone. Killed by sampler (schedule `max_ulp`; the
   height-only shift at the non-square points only).
+- `qk_norm_weights_swapped`, `adaln_bias_dropped`: a norm weight or a bias misapplied or dropped;
+  visible because random checkpoints draw biases and norm weights. Killed by numerics.
+- `key_padding_mask_dropped`: attention over padded text slots. Killed by the padded velocity case.
+- `shift_from_width_only`, `cfg_range_end_exclusive`: sampler defects that cost about 40 dB (the
+  time shift wrong on non-square latents; the step at CFG's range end unguided). Killed by image.
+- `decoder_shift_factor_dropped`: the decoder without `+ shift_factor`. Killed by image.
+
+docs/mutants.md lists every entry (generated from the catalogue).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from parity.suites.sensitivity.catalogue import external
+from parity.suites.sensitivity.catalogue import Kill, external
 from serving_models.dit import adapter as dit_adapter
 from serving_models.dit import model as dit_model
 from serving_models.target import ServingTarget
@@ -156,6 +164,48 @@ def _compiled_rotate_half(adapter: Any) -> None:
     _swap_class(adapter.module, dit_model.Attention, _AttentionWithCompiledRotateHalf)
 
 
+def _swap_qk_norm_weights(adapter: Any) -> None:
+    """Every attention's `norm_q` weight applied to keys and `norm_k`'s to queries (a loader that
+    maps `attn.norm_q` <-> `attn.norm_k`, e.g. when renaming to `q_norm` / `k_norm`)."""
+    attentions = [m for m in adapter.module.modules() if isinstance(m, dit_model.Attention)]
+    if not attentions:
+        raise RuntimeError("mutant: no Attention in the DiT")
+    for attention in attentions:
+        q, k = attention.norm_q.weight, attention.norm_k.weight
+        attention.norm_q.weight, attention.norm_k.weight = k, q
+
+
+def _drop_adaln_bias(adapter: Any) -> None:
+    """The adaLN modulation linears (`norm1.linear`) run without their bias (a bias-less linear
+    where the checkpoint has one)."""
+    norms = [m for m in adapter.module.modules() if isinstance(m, dit_model.LuminaRMSNormZero)]
+    if not norms:
+        raise RuntimeError("mutant: no LuminaRMSNormZero in the DiT")
+    for norm in norms:
+        norm.linear.bias = None
+
+
+class _AttentionWithoutKeyMask(dit_model.Attention):
+    """Attention that attends to every key slot, padding included (a backend path that drops the
+    key-padding mask); padded query rows are still zeroed as the shipped attention does."""
+
+    def forward(self, x, mask, rope):
+        out = super().forward(x, torch.ones_like(mask), rope)
+        return torch.where(mask[:, :, None], out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def _no_key_mask(adapter: Any) -> None:
+    _swap_class(adapter.module, dit_model.Attention, _AttentionWithoutKeyMask)
+
+
+def _decode_without_shift_factor(adapter: Any) -> None:
+    """The latent decoder unscales with `latents / scaling_factor` and forgets `+ shift_factor`."""
+    decoder = adapter.decoder
+    shift = decoder.config.shift_factor
+    forward = decoder.forward
+    decoder.forward = lambda latents: forward(latents - shift * decoder.config.scaling_factor)
+
+
 # --- the factories (`--target parity.suites.dit.mutants:<name>`) ----------------------------------------
 
 
@@ -186,12 +236,72 @@ def compiled_rope_rotate_half() -> DiTMutantTarget:
     return DiTMutantTarget("compiled_rope_rotate_half", _compiled_rotate_half)
 
 
+def qk_norm_weights_swapped() -> DiTMutantTarget:
+    """`norm_q` / `norm_k` weights swapped; numerics must fail (invisible with unit norm weights)."""
+    return DiTMutantTarget("qk_norm_weights_swapped", _swap_qk_norm_weights)
+
+
+def adaln_bias_dropped() -> DiTMutantTarget:
+    """The adaLN modulation without its bias; numerics must fail (invisible with zero biases)."""
+    return DiTMutantTarget("adaln_bias_dropped", _drop_adaln_bias)
+
+
+def key_padding_mask_dropped() -> DiTMutantTarget:
+    """Attention over padded text slots; the padded velocity case must fail."""
+    return DiTMutantTarget("key_padding_mask_dropped", _no_key_mask)
+
+
+def decoder_shift_factor_dropped() -> DiTMutantTarget:
+    """The decoder without `+ shift_factor`; image (serving vs reference) must fail."""
+    return DiTMutantTarget("decoder_shift_factor_dropped", _decode_without_shift_factor)
+
+
+def _serving_sampler(name: str, **replacements: Any) -> DiTMutantTarget:
+    """Replace functions the serving DiT adapter samples with (module globals, looked up per call)."""
+    from serving_models.dit import adapter as dit_adapter
+
+    for attribute, replacement in replacements.items():
+        if not hasattr(dit_adapter, attribute):
+            raise RuntimeError(f"mutant: serving_models.dit.adapter has no {attribute}")
+        setattr(dit_adapter, attribute, replacement)
+    return DiTMutantTarget(name, lambda adapter: None)
+
+
+def shift_from_width_only() -> DiTMutantTarget:
+    """The resolution-dependent time shift computed from the width twice (sqrt(w*w) for sqrt(h*w)):
+    right on square latents, wrong on every non-square one; image must fail on the non-square case."""
+    from serving_models.dit import sampler
+
+    original = sampler.flow_match_timesteps
+    return _serving_sampler("shift_from_width_only", flow_match_timesteps=lambda steps, h, w: original(steps, w, w))
+
+
+def cfg_range_end_exclusive() -> DiTMutantTarget:
+    """CFG's range read as half-open, `lo <= i/N < hi`: the step at the upper bound loses CFG;
+    image must fail on the half-range case."""
+
+    def half_open(steps: int, guidance_scale: float, cfg_range: tuple[float, float]) -> list[float]:
+        out, in_range = [], True
+        for i in range(steps):  # the release's latch, with the upper bound excluded
+            in_range = in_range and cfg_range[0] <= i / steps < cfg_range[1]
+            out.append(float(guidance_scale) if in_range else 1.0)
+        return out
+
+    return _serving_sampler("cfg_range_end_exclusive", guidance_per_step=half_open)
+
+
 MUTANTS = {
     "repeated_blocks_emptied": repeated_blocks_emptied,
     "empty_text_skip_in_block": empty_text_skip_in_block,
     "context_refiner_on_empty_text": context_refiner_on_empty_text,
     "rope_theta_from_llm": rope_theta_from_llm,
     "compiled_rope_rotate_half": compiled_rope_rotate_half,
+    "qk_norm_weights_swapped": qk_norm_weights_swapped,
+    "adaln_bias_dropped": adaln_bias_dropped,
+    "key_padding_mask_dropped": key_padding_mask_dropped,
+    "decoder_shift_factor_dropped": decoder_shift_factor_dropped,
+    "shift_from_width_only": shift_from_width_only,
+    "cfg_range_end_exclusive": cfg_range_end_exclusive,
 }
 
 
@@ -395,4 +505,73 @@ external(
     suite="sampler",
     tests=(SAMPLER, "-k", "schedule"),
     target="parity.suites.dit.mutants:schedule_shift_from_height",
+)
+
+# DiT weights (visible since random checkpoints draw biases and norm weights), attention masking,
+# the sampler's schedule and CFG range, the decoder
+
+DIT_NUMERICS_EAGER = ("parity/suites/dit/test_numerics.py", "-k", "reference")
+SERVING_IMAGES = ("parity/suites/dit/test_image.py", "-k", "serving_images")
+IMAGES_IN_FP32 = Kill(
+    SERVING_IMAGES,
+    dtype="fp32",
+    why=(
+        "a bf16 image is about 49 dB from the fp64 golden, so the bf16 bound is about 39-40 dB and a defect that "
+        "costs 40 dB from 90 dB (52-54 dB) or lands at 41 dB is inside it: equivalent at bf16; fp32 (TF32 off) "
+        "bounds at 80-83 dB"
+    ),
+)
+
+external(
+    "dit-qk-norm-weights-swapped",
+    defect="the loader maps attn.norm_q <-> attn.norm_k: queries get the key norm's weight and back; every tensor is read, and with unit norm weights the outputs were identical",
+    suite="numerics",
+    tests=DIT_NUMERICS_EAGER,
+    target="parity.suites.dit.mutants:qk_norm_weights_swapped",
+)
+external(
+    "dit-adaln-bias-dropped",
+    defect="the adaLN modulation linears (norm1.linear) built without bias where the checkpoint has one (vllm-project/vllm-omni#7221 moved these linears to vLLM layers); invisible with zero biases",
+    suite="numerics",
+    tests=DIT_NUMERICS_EAGER,
+    target="parity.suites.dit.mutants:adaln_bias_dropped",
+)
+external(
+    "dit-key-padding-mask-dropped",
+    defect="attention attends to padded text slots (a backend path that drops the key-padding mask): only batches whose texts differ in length change",
+    suite="numerics",
+    tests=("parity/suites/dit/test_numerics.py", "-k", "velocity and padded"),
+    target="parity.suites.dit.mutants:key_padding_mask_dropped",
+    cuda=Kill(
+        ("parity/suites/dit/test_numerics.py", "-k", "velocity and padded"),
+        dtype="fp32",
+        why=(
+            "the padded velocity moves by RMSE 1.2e-2 (tiny), inside bf16's bound there (3x the bf16 reference's "
+            "7.5e-3): equivalent at bf16, so the CUDA lane checks it in fp32"
+        ),
+    ),
+)
+external(
+    "dit-shift-from-width-only",
+    defect="the sampler's resolution-dependent time shift from sqrt(w*w) instead of sqrt(h*w): exact on square latents, a schedule 40 dB off on non-square ones (images at 52-54 dB passed the former fixed 40 dB bound)",
+    suite="image",
+    tests=SERVING_IMAGES,
+    target="parity.suites.dit.mutants:shift_from_width_only",
+    cuda=IMAGES_IN_FP32,
+)
+external(
+    "dit-cfg-range-end-exclusive",
+    defect="CFG's cfg_range read as half-open (i/N < hi): the step at the upper bound runs without guidance (images at 52-53 dB passed the former fixed 40 dB bound)",
+    suite="image",
+    tests=SERVING_IMAGES,
+    target="parity.suites.dit.mutants:cfg_range_end_exclusive",
+    cuda=IMAGES_IN_FP32,
+)
+external(
+    "dit-decoder-shift-factor-dropped",
+    defect="the latent decoder unscales with latents / scaling_factor and drops + shift_factor (the FLUX VAE's shift, a classic omission of ports)",
+    suite="image",
+    tests=SERVING_IMAGES,
+    target="parity.suites.dit.mutants:decoder_shift_factor_dropped",
+    cuda=IMAGES_IN_FP32,
 )

@@ -9,27 +9,27 @@ file, table, key). The session fixture `dit_models` builds, for `--size`:
 * full (GPU lane): `random_state_dict(full_config(), seed, device, dtype)` in memory, handed to
   `target.build_dit` and `ReferenceDiT.build` (the same tensors, no copy).
 
-In a half-precision run an fp64 golden (the reference in fp64, same weights: they are bf16-exact)
-is built as well; the reference in the target's dtype is then the eager noise the noise-floor
-rule measures against. Suites never import `serving_models`: the target comes from `--target`.
+An fp64 golden (the reference in fp64, same weights: they are bf16-exact) is built in every dtype;
+the reference in the target's dtype is the eager noise the noise-floor rule measures against. Suites never import `serving_models`: the target comes from `--target`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from parity.cases import Count, NonNegative, Range, Seed, Steps, Table, check_safe_name, load_case_file
-from parity.compare import Tolerance
-from parity.observe.compile_ledger import CompileLedger
+from parity.compare.images import psnr
+from parity.observe.compile_ledger import CompileLedger, short_reason  # noqa: F401 - re-exported for the DiT suites
 from parity.observe.regional import compile_repeated_blocks
 from parity.target import family_gap
 from reference_models.checkpoints import make_checkpoint
@@ -158,17 +158,50 @@ class SamplerCase:
 
 
 @dataclasses.dataclass(frozen=True)
-class ImageThreshold:
-    """fp32: absolute PSNR / SSIM floors. Half precision: the golden-relative rule."""
+class NoiseFloorRule:
+    """Why the golden noise floor (`parity.compare.golden_noise_rule`) judges one comparison."""
 
     reason: str
-    psnr_min_db: float | None = None
-    ssim_min: float | None = None
-    golden_max_drop_db: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageThreshold:
+    """The golden-relative image rule: PSNR(golden, candidate) >= PSNR(golden, comparison) -
+    `golden_max_drop_db`, the comparison's distance from the golden counted as at least
+    `min_noise_values` one-level differences when that is set (fp32: see `image_bound`)."""
+
+    reason: str
+    golden_max_drop_db: float
+    min_noise_values: int | None = None
 
     def __post_init__(self) -> None:
-        if self.psnr_min_db is None and self.golden_max_drop_db is None:
-            raise ValueError("set psnr_min_db (absolute) or golden_max_drop_db (relative to an fp64 golden)")
+        if self.golden_max_drop_db < 0:
+            raise ValueError(f"golden_max_drop_db must be >= 0, got {self.golden_max_drop_db}")
+        if self.min_noise_values is not None and self.min_noise_values < 1:
+            raise ValueError(f"min_noise_values must be >= 1, got {self.min_noise_values}")
+
+
+IMAGE_DATA_RANGE = 255.0  # delivered uint8 images (docs/images.md §3: declare it, record it)
+
+
+def image_bound(golden: np.ndarray, comparison: np.ndarray, threshold: ImageThreshold) -> tuple[float, str]:
+    """The least PSNR(golden, candidate) the rule accepts, and how it was computed.
+
+    PSNR(golden, comparison) - `golden_max_drop_db`: the candidate may be `10**(drop/20)` times
+    as far (RMSE) from the golden as the comparison is. With `min_noise_values`, the comparison's
+    squared error is taken as at least that many one-level differences: in fp32 the two images
+    differ from the golden only where a value sits within the float noise of a rounding boundary,
+    a count of a few values that is itself noisy, and a comparison that happens to equal the
+    golden (PSNR inf) would leave no room for one flipped value."""
+    measured = psnr(golden, comparison, data_range=IMAGE_DATA_RANGE).value
+    how = f"PSNR(golden, comparison) = {measured:.2f} dB"
+    if threshold.min_noise_values is not None:
+        floor_mse = threshold.min_noise_values / golden.size  # one level squared per value
+        floor_db = 10.0 * math.log10(IMAGE_DATA_RANGE**2 / floor_mse)
+        if measured > floor_db:
+            how += f", taken as {floor_db:.2f} dB ({threshold.min_noise_values} one-level differences in {golden.size} values)"
+            measured = floor_db
+    return measured - threshold.golden_max_drop_db, f"{how} minus {threshold.golden_max_drop_db:g} dB"
 
 
 CASE_FILE = "dit.toml"
@@ -177,7 +210,7 @@ CASES = load_case_file(
     {
         "models": Table(ModelsCase, many=False),
         "recompiles": Table(RecompileLattice, keyed=True),
-        "tolerances": Table(Tolerance, keyed=True),
+        "noise_floor": Table(NoiseFloorRule, keyed=True),
         "velocity": Table(VelocityCase),
         "blocks": Table(BlockCase),
         "compiled": Table(BlockCase),
@@ -210,14 +243,14 @@ def lattice_for(size: str) -> RecompileLattice:
         raise LookupError(f"cases/{CASE_FILE}: no [recompiles.{size}] table") from None
 
 
-def tolerance(name: str, dtype: str) -> Tolerance:
-    """`[tolerances.<name>_<dtype>]`, e.g. serving_vs_reference_fp32."""
-    key = f"{name}_{dtype}"
+def noise_floor_reason(mode: str) -> str:
+    """The reason of the golden noise floor for a row of `mode` (`[noise_floor.<comparison>]`):
+    compiled rows compare compiled with eager, the others serving with reference."""
+    key = "compiled_vs_eager" if mode == "compiled" else "serving_vs_reference"
     try:
-        return CASES["tolerances"][key]
+        return CASES["noise_floor"][key].reason
     except KeyError:
-        known = ", ".join(sorted(CASES["tolerances"]))
-        raise LookupError(f"cases/{CASE_FILE}: no [tolerances.{key}] for dtype {dtype} (have: {known})") from None
+        raise LookupError(f"cases/{CASE_FILE}: no [noise_floor.{key}]") from None
 
 
 def image_threshold(dtype: str) -> ImageThreshold:
@@ -239,17 +272,13 @@ class DiTModels:
     """The DiT under test and the truth, on the run's device."""
 
     target: Any  # the target's DiT adapter, in the run's dtype
-    reference: ReferenceDiT  # the truth in the run's dtype (fp32 lane: the comparison itself)
-    golden: ReferenceDiT | None  # the truth in fp64, for half-precision runs only
+    reference: ReferenceDiT  # the truth in the run's dtype: the noise the golden rule measures
+    golden: ReferenceDiT  # the truth in fp64
     config: DiTConfig
     size: str
     dtype: str
     device: torch.device
     source: str  # where the weights came from, for report details
-
-    @property
-    def half(self) -> bool:
-        return self.golden is not None
 
 
 def require_dit(target: Any) -> None:
@@ -260,25 +289,22 @@ def require_dit(target: Any) -> None:
 
 
 def build_dit_models(target: Any, settings: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
-    """The target's DiT, the reference in the same dtype and (in half precision) the fp64 golden."""
+    """The target's DiT, the reference in the same dtype and the fp64 golden."""
     device = torch.device(settings.device)
     dtype = TORCH_DTYPES[settings.dtype]
     seed = CASES["models"].checkpoint_seed + settings.seed
-    half = dtype in (torch.bfloat16, torch.float16)
     if settings.size == "tiny":
         directory = make_checkpoint("dit", "tiny", seed, tmp_path_factory.mktemp("dit-tiny"))
         adapter = target.load_dit(directory, device, dtype)
         reference = ReferenceDiT.load(directory, device, dtype)
-        golden = ReferenceDiT.load(directory, device, torch.float64) if half else None
+        golden = ReferenceDiT.load(directory, device, torch.float64)
         config, source = reference.config, f"make_checkpoint('dit', 'tiny', {seed}) at {directory}"
     else:
         config = config_for_size(settings.size)
         state = random_state_dict(config, seed, device, dtype)
         adapter = target.build_dit(config, state, device, dtype)
         reference = ReferenceDiT.build(config, state, device, dtype)
-        golden = None
-        if half:
-            golden = ReferenceDiT.build(config, {k: v.double() for k, v in state.items()}, device, torch.float64)
+        golden = ReferenceDiT.build(config, {k: v.double() for k, v in state.items()}, device, torch.float64)
         source = f"random_state_dict({settings.size}, seed {seed}) on {device}"
     return DiTModels(adapter, reference, golden, config, settings.size, settings.dtype, device, source)
 
@@ -352,17 +378,6 @@ def count_block_compiles(ledger: CompileLedger, codes: list[Any]) -> int:
     compiles frames of its own, and an all-frames count passed with regional compile off
     (vllm-project/vllm-omni#7455). Suites call it through this module so a harness variant can replace it."""
     return sum(ledger.compiles(code) for code in codes)
-
-
-def short_reason(text: str) -> str:
-    """One line of a Dynamo recompile reason: the guard and its source line, without the stack."""
-    kept = []
-    for line in text.splitlines():
-        if line.strip().startswith("User stack trace"):
-            break
-        kept.append(line.strip())
-    reason = " ".join(part for part in kept if part)
-    return re.sub(r"\s+", " ", reason)
 
 
 def image_path(run_dir: Path, case: str, variant: str) -> Path:

@@ -1,14 +1,14 @@
 """Numerics, DiT rows: the target's velocity and block outputs against the reference, and the
 regionally compiled (Inductor) velocity against the eager one.
 
-fp32 (CPU lane): allclose against the fp32 reference, tolerances from `cases/dit.toml` with their
-reasons. Half precision (GPU lane): the noise-floor rule against an fp64 golden, the reference in
-the target's dtype as the eager noise (`parity.compare.noise_floor_rule`).
+In every dtype: the golden noise-floor rule against an fp64 golden, the reference (or, for the
+compiled rows, the eager target) in the run's dtype as the noise (`parity.compare.golden_noise_rule`;
+`cases/dit.toml` [noise_floor] says why and what was measured).
 
 Rows: `case` from the case file (`dit-velocity-...`, `dit-blocks-...`, `dit-compiled-...`), `site`
 `velocity` or `block.<site>` (`block.context_refiner.0`, ... in execution order), `mode` eager
-(serving vs reference) or compiled (compiled vs eager). Gate metric `max_abs` (fp32) or
-`rmse_vs_golden` (half), with `mean_abs`, `rel_l2`, `cosine`, `max_ulp` info rows.
+(serving vs reference) or compiled (compiled vs eager). Gate metric `rmse_vs_golden`, with
+`max_abs`, `mean_abs`, `rel_l2`, `cosine`, `max_ulp` (against the golden) info rows.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from parity.compare import Tolerance, Verdict, diff, flag_rule, noise_floor_rule
+from parity.compare import Verdict, diff, flag_rule, golden_noise_rule
 from parity.suites.conftest import require_graph_support
 from parity.suites.dit.support import (
     CASES,
@@ -28,9 +28,9 @@ from parity.suites.dit.support import (
     cases_for,
     compiled_for_comparison,
     forward,
+    noise_floor_reason,
     record_block_outputs,
     require_size,
-    tolerance,
     velocity_inputs,
 )
 
@@ -43,19 +43,16 @@ def judge(
     report: Any,
     eager: torch.Tensor,
     candidate: torch.Tensor,
-    golden: torch.Tensor | None,
-    tol: Tolerance,
+    golden: torch.Tensor,
     *,
     name: str,
     **where: Any,
 ) -> Verdict:
-    """fp32: allclose(eager, candidate). Half: the noise floor of `candidate` against the fp64
-    `golden`, relative to `eager`'s error. One gate row plus the diff's info rows."""
-    if golden is None:
-        return report.diff(diff(eager, candidate, tol, name=name), **where)
-    verdict, _ = noise_floor_rule(golden, eager, candidate, tol, name=name)
+    """The golden noise floor of `candidate` against the fp64 `golden`, relative to `eager`'s
+    error. One gate row plus the diff's info rows."""
+    verdict, _ = golden_noise_rule(golden, eager, candidate, name=name, reason=noise_floor_reason(where.get("mode", "eager")))
     verdict = report.verdict(verdict, **where)
-    measured = diff(golden, candidate, tol, name=f"{name} vs fp64 golden")
+    measured = diff(golden, candidate, name=f"{name} vs fp64 golden")
     for metric in ("max_abs", *INFO_METRICS):
         better = "higher" if metric == "cosine" else "lower"
         report.info(metric=metric, value=getattr(measured, metric), detail=measured.name, better=better, **where)
@@ -74,16 +71,15 @@ def _magnitude(report: Any, tensor: torch.Tensor, **where: Any) -> None:
 def test_velocity_matches_reference(case: VelocityCase, dit_models: DiTModels, report, settings) -> None:
     models = dit_models
     require_size("velocity", case, models.size)
-    tol = tolerance("serving_vs_reference", models.dtype)
     seed = case.seed + settings.seed
     report.case, report.seed = case.name, seed  # an exception's error row names this case
     inputs = velocity_inputs(models.config, case.height, case.width, case.text_lens, case.timestep, seed)
     expected = forward(models.reference, inputs)
     got = forward(models.target, inputs)
-    golden = forward(models.golden, inputs) if models.half else None
+    golden = forward(models.golden, inputs)
     where = dict(case=case.name, site="velocity", mode="eager", seed=seed)
-    judge(report, expected, got, golden, tol, name=f"velocity {tuple(got.shape)}", **where)
-    _magnitude(report, golden if golden is not None else expected, **where)
+    judge(report, expected, got, golden, name=f"velocity {tuple(got.shape)}", **where)
+    _magnitude(report, golden, **where)
 
 
 def _block_outputs(adapter: Any, inputs: tuple[torch.Tensor, ...]) -> dict[str, list[torch.Tensor]]:
@@ -102,13 +98,12 @@ def _block_outputs(adapter: Any, inputs: tuple[torch.Tensor, ...]) -> dict[str, 
 def test_blocks_match_reference(case: BlockCase, dit_models: DiTModels, report, settings) -> None:
     models = dit_models
     require_size("blocks", case, models.size)
-    tol = tolerance("blocks", models.dtype)
     seed = case.seed + settings.seed
     report.case, report.seed = case.name, seed  # an exception's error row names this case
     inputs = velocity_inputs(models.config, case.height, case.width, [case.text_len], case.timestep, seed)
     expected = _block_outputs(models.reference, inputs)
     got = _block_outputs(models.target, inputs)
-    golden = _block_outputs(models.golden, inputs) if models.half else None
+    golden = _block_outputs(models.golden, inputs)
     for name, _ in models.reference.block_sites():
         where = dict(case=case.name, site=f"block.{name}", mode="eager", seed=seed)
         ref_calls, cand_calls = expected[name], got.get(name)
@@ -126,8 +121,7 @@ def test_blocks_match_reference(case: BlockCase, dit_models: DiTModels, report, 
             )
             continue
         for i, (ref_out, cand_out) in enumerate(zip(ref_calls, cand_calls)):
-            gold = golden[name][i] if golden is not None else None
-            judge(report, ref_out, cand_out, gold, tol, name=f"{name} {tuple(cand_out.shape)}", **where)
+            judge(report, ref_out, cand_out, golden[name][i], name=f"{name} {tuple(cand_out.shape)}", **where)
 
 
 def test_compiled_velocity_matches_eager(dit_models: DiTModels, report, settings) -> None:
@@ -138,7 +132,6 @@ def test_compiled_velocity_matches_eager(dit_models: DiTModels, report, settings
     models = dit_models
     adapter = models.target
     require_graph_support(adapter, "compiled")
-    tol = tolerance("compiled_vs_eager", models.dtype)
     cases = cases_for("compiled", models.size)
     assert cases, f"no [[compiled]] cases for size {models.size}"
     report.mode = "compiled"
@@ -147,11 +140,11 @@ def test_compiled_velocity_matches_eager(dit_models: DiTModels, report, settings
     for case in cases:
         seed = case.seed + settings.seed
         inputs = velocity_inputs(models.config, case.height, case.width, [case.text_len], case.timestep, seed)
-        golden = forward(models.golden, inputs) if models.half else None
+        golden = forward(models.golden, inputs)
         prepared.append((case, seed, inputs, forward(adapter, inputs), golden))
 
     with compiled_for_comparison(report, adapter):
         for case, seed, inputs, eager, golden in prepared:
             compiled = forward(adapter, inputs)
             where = dict(case=case.name, site="velocity", mode="compiled", seed=seed)
-            judge(report, eager, compiled, golden, tol, name=f"compiled velocity {tuple(compiled.shape)}", **where)
+            judge(report, eager, compiled, golden, name=f"compiled velocity {tuple(compiled.shape)}", **where)

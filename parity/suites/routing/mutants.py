@@ -65,6 +65,30 @@ def serving_count_on_host() -> ServingTarget:
     return make_target()
 
 
+def serving_group_score_max_with_bias() -> ServingTarget:
+    """With a correction bias the group score is the max key, not the sum of the two best
+    (DeepSeek-V2's grouping applied to V3-style biased routing); grid-grouped must fail."""
+    original = _ORIGINALS.get("_group_keep_mask", routing._group_keep_mask)
+
+    def group_keep_mask(keys: torch.Tensor, num_expert_group: int, topk_group: int, sum_top2: bool) -> torch.Tensor:
+        return original(keys, num_expert_group, topk_group, False)
+
+    _patch("_group_keep_mask", group_keep_mask)
+    return make_target()
+
+
+def serving_renormalize_ignored() -> ServingTarget:
+    """Softmax routing ignores `renormalize=True`: the top-k weights keep the full row's
+    denominator (Mixtral's norm_topk_prob read as always off); grid-softmax renorm must fail."""
+    original = _ORIGINALS.get("_route_softmax", routing._route_softmax)
+
+    def route_softmax(x: torch.Tensor, k: int, renormalize: bool, keep: torch.Tensor | None):
+        return original(x, k, False, keep)
+
+    _patch("_route_softmax", route_softmax)
+    return make_target()
+
+
 # ---------------------------------------------------------------------------------------------
 # Catalogue entries: MoE routing (ROCm/ATOM#2725, ROCm/aiter#6916)
 # ---------------------------------------------------------------------------------------------
@@ -89,4 +113,18 @@ external(
     suite="routing",
     tests=("parity/suites/routing/test_invariance.py", "-k", "replay"),
     target="parity.suites.routing.mutants:serving_count_on_host",
+)
+external(
+    "router-group-score-max-with-bias",
+    defect="biased grouped top-k scores a group by its best key instead of the sum of its two best (DeepSeek-V2 grouping under V3-style biased routing): other groups kept",
+    suite="routing",
+    tests=("parity/suites/routing/test_grid.py", "-k", "grid-grouped and fp32 and T64"),
+    target="parity.suites.routing.mutants:serving_group_score_max_with_bias",
+)
+external(
+    "router-renormalize-ignored",
+    defect="softmax routing ignores renormalize=True: the top-k weights keep the full row's denominator",
+    suite="routing",
+    tests=("parity/suites/routing/test_grid.py", "-k", "grid-softmax and fp32 and T64 and not norenorm"),
+    target="parity.suites.routing.mutants:serving_renormalize_ignored",
 )

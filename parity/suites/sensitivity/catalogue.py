@@ -58,6 +58,15 @@ class Mutant:
     suite: str
     target: str  # the --target spec that loads the mutant
     lanes: Mapping[str, Kill | NotApplicable]
+    family: str = ""  # what it breaks (docs/mutants.md groups by it); "" = the family of its module
+
+    @property
+    def group(self) -> str:
+        """The family the mutant is listed under: its own, else its module's (`parity.suites.<family>.mutants`)."""
+        if self.family:
+            return self.family
+        module = self.target.split(":", 1)[0].split(".")
+        return FAMILY_TITLES.get(module[2] if len(module) > 3 and module[:2] == ["parity", "suites"] else "", "other")
 
     def on(self, lane: str) -> Kill | NotApplicable:
         """The mutant's kill selection on `lane` (`cpu` or `cuda`)."""
@@ -98,12 +107,13 @@ def mutant(
     suite: str,
     tests: tuple[str, ...],
     cuda: tuple[str, ...] | Kill | NotApplicable | None = None,
+    family: str = "",
 ) -> Callable:
     """Register the decorated function as the run-time change of mutant `name`."""
 
     def register(apply: Callable[[], None]) -> Callable[[], None]:
         spec = f"{apply.__module__}:mutant_{name.replace('-', '_')}"
-        CATALOGUE[name] = Mutant(name, defect, suite, spec, _lanes(tests, cuda))
+        CATALOGUE[name] = Mutant(name, defect, suite, spec, _lanes(tests, cuda), family)
         _APPLY[name] = apply
         return apply
 
@@ -118,9 +128,10 @@ def external(
     tests: tuple[str, ...],
     target: str,
     cuda: tuple[str, ...] | Kill | NotApplicable | None = None,
+    family: str = "",
 ) -> None:
-    """A mutant whose factory lives in a family module (parity/suites/dit/mutants.py, mutants_routing.py)."""
-    CATALOGUE[name] = Mutant(name, defect, suite, target, _lanes(tests, cuda))
+    """A mutant whose factory lives in a family module (parity/suites/dit/mutants.py, parity/suites/routing/mutants.py)."""
+    CATALOGUE[name] = Mutant(name, defect, suite, target, _lanes(tests, cuda), family)
 
 
 def serving_target_with(name: str) -> Any:
@@ -145,7 +156,22 @@ def factory_lookup(module: str) -> Callable[[str], Callable[[], Any]]:
     return __getattr__
 
 
-FAMILY_MODULES = ("parity.suites.ar.mutants", "parity.suites.dit.mutants", "parity.suites.routing.mutants")
+# Families in the order docs/mutants.md lists them: module family -> title.
+FAMILY_TITLES = {
+    "ar": "AR backbone",
+    "dit": "DiT (model, sampler, decoder)",
+    "routing": "MoE routing",
+    "runners": "runners and capture",
+    "selfcheck": "report and review",
+}
+RUNNERS = FAMILY_TITLES["runners"]
+
+FAMILY_MODULES = (
+    "parity.suites.ar.mutants",
+    "parity.suites.dit.mutants",
+    "parity.suites.routing.mutants",
+    "parity.suites.selfcheck.mutants",
+)
 
 
 def all_mutants() -> dict[str, Mutant]:
@@ -158,3 +184,94 @@ def all_mutants() -> dict[str, Mutant]:
 def patch(module_name: str, attribute: str, replacement: Any) -> None:
     """Replace `module.attribute` in this process (a mutant's run-time change)."""
     setattr(importlib.import_module(module_name), attribute, replacement)
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/mutants.md, generated: `python -m parity.suites.sensitivity.catalogue --markdown`
+# ---------------------------------------------------------------------------------------------
+
+MARKDOWN_HEADER = """# The mutant catalogue
+
+<!-- Generated from the catalogue by `python -m parity.suites.sensitivity.catalogue --markdown > docs/mutants.md`;
+tests/test_mutants_doc.py fails when this file is stale. Edit the entries in parity/suites/<family>/mutants.py. -->
+
+Known-bad variants of the built-in target, each one small run-time change standing for a defect a
+port (or a parity harness) shipped. The sensitivity suite (`parity/suites/sensitivity/test_sensitivity.py`)
+runs each one's selection for the run's lane in an isolated pytest session and records it killed
+when a gate row of the named suite fails; the correct target must raise no alarm on the same
+selections under other seeds. `parity run` prints the score per suite. Load one by hand with
+`--parity-target <target>` (`parity run --target <target>`).
+
+Control seeds: every run checks the correct target under seeds 1, 2, 3 (`CONTROL_SEEDS` in
+`test_sensitivity.py`); one seed reruns every selection of the lane, 73-85 s on 2 shared CPU cores,
+so five per run would take the suite from about 6 to about 9 minutes. Seeds 1-5 were checked once
+on the cpu lane with this catalogue of 40 (2026-12-02): 287 cases per seed, no alarm, 40/40 killed,
+8 min 42 s for the whole suite.
+
+Lanes: `cpu` runs tiny fp32 models with the CPU graph stand-in; `cuda` runs real CUDA graphs
+(tiny models, bf16 unless the entry says otherwise). `n/a` is an equivalent mutant on that lane,
+with its reason: never counted as killed.
+"""
+
+
+def _selection(kill: Kill | NotApplicable) -> str:
+    if isinstance(kill, NotApplicable):
+        return f"n/a: {kill.reason}"
+    text = " ".join(f'"{part}"' if " " in part else part for part in kill.tests)
+    config = [kill.size] + ([kill.dtype] if kill.dtype else [])
+    out = f"`{text}` ({' '.join(config)})"
+    return out + (f": {kill.why}" if kill.why else "")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(catalogue: Mapping[str, Mutant] | None = None) -> str:
+    """docs/mutants.md: every mutant grouped by family, with its defect, the suite that must kill it
+    and each lane's selection; a count per family and per suite."""
+    catalogue = all_mutants() if catalogue is None else catalogue
+    order = list(FAMILY_TITLES.values())
+    groups: dict[str, list[Mutant]] = {}
+    for entry in catalogue.values():
+        groups.setdefault(entry.group, []).append(entry)
+    families = sorted(groups, key=lambda g: (order.index(g) if g in order else len(order), g))
+    suites: dict[str, int] = {}
+    for entry in catalogue.values():
+        suites[entry.suite] = suites.get(entry.suite, 0) + 1
+    lines = [MARKDOWN_HEADER]
+    counts = ", ".join(f"{family} {len(groups[family])}" for family in families)
+    per_suite = ", ".join(f"`{suite}` {n}" for suite, n in sorted(suites.items()))
+    lines.append(f"{len(catalogue)} mutants: {counts}. Killed by suite: {per_suite}.\n")
+    for family in families:
+        lines.append(f"## {family}\n")
+        lines.append("| mutant | defect | killed by | cpu lane | cuda lane | target |")
+        lines.append("|---|---|---|---|---|---|")
+        for entry in groups[family]:
+            cells = (
+                f"`{entry.name}`",
+                entry.defect,
+                f"`{entry.suite}`",
+                _selection(entry.on("cpu")),
+                _selection(entry.on("cuda")),
+                f"`{entry.target}`",
+            )
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m parity.suites.sensitivity.catalogue", description=__doc__.splitlines()[0])
+    parser.add_argument("--markdown", action="store_true", help="print docs/mutants.md (the catalogue as markdown)")
+    arguments = parser.parse_args()
+    if not arguments.markdown:
+        parser.error("nothing to do: pass --markdown")
+    # Run as a script this file is `__main__`, a second module object: the family modules register
+    # into the imported `parity.suites.sensitivity.catalogue`, so ask that one.
+    from parity.suites.sensitivity import catalogue
+
+    sys.stdout.write(catalogue.markdown())
