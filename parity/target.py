@@ -67,7 +67,12 @@ class ARAdapter(Protocol):
     hidden state per decoder layer (before the final norm); `moe_sites()` gives, per MoE layer,
     `(layer, pre_norm, layer_module, und, gen)` where the MoE input is `pre_norm`'s output, the
     residual is its input and `layer_module` returns `residual + moe(input)`: the harness observes
-    which expert's output a token got through forward hooks on these modules."""
+    which expert's output a token got through forward hooks on these modules.
+
+    Optional, for mask-keyed decode graphs (docs/model.md §4): `decode_graph_keys` (the graphs to
+    capture per batch size), `select_decode_graph(key)` (host state: what `decode_step` runs and a
+    capture bakes; None restores the default) and `decode_graph_key(generating) -> key` (the graph
+    a batch replays, from per-row host-side bools). Without them the harness captures one graph."""
 
     name: str
     config: Any

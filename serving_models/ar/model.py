@@ -10,7 +10,8 @@ Same math as upstream, shaped for graph capture and compilation:
 - MoE dispatch that asks the target-owned capture probe: outside capture the eager fast paths
   (all-und / all-gen / mixed gather-scatter) run; under capture a `torch.where` blend runs both
   experts on every row and never reads the mask on the host; capture without a mask fails
-  closed.
+  closed. A forward the host keys `und_only` (no request in the batch is generating an image)
+  runs the und expert alone in every mode: the und-only decode graph of the mask-keyed pair.
 - `requires_raw_input_tokens = True` on the AR wrappers and the top-level module, so a runner
   keeps `input_ids` beside `inputs_embeds` and the mask can be derived from the ids.
 
@@ -306,6 +307,14 @@ def moe_dispatch(
     return moe_eager(hidden_states, und_expert, gen_expert, gen_token_mask)
 
 
+def poison_gen_tokens(hidden_states: torch.Tensor, gen_token_mask: torch.Tensor | None) -> torch.Tensor:
+    """NaN on every gen token of a forward keyed und-only: graph-safe (no host read), so a broken
+    host promise gives non-finite logits instead of gen tokens silently served by the und expert."""
+    if gen_token_mask is None:
+        return hidden_states
+    return hidden_states.masked_fill(gen_token_mask.unsqueeze(-1), float("nan"))
+
+
 # ----------------------------------------------------------------------------------------------
 # Decoder layer
 # ----------------------------------------------------------------------------------------------
@@ -333,9 +342,15 @@ class MammothModa2DecoderLayer(nn.Module):
         self.moe_enable = ar_config.moe_enable(config.moe_type, "ffn", layer_idx)
         self.gen_mlp = SwiGLUMLP(config) if self.moe_enable else None
 
-    def forward(self, hidden_states: torch.Tensor, attn: AttentionInputs, gen_token_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, attn: AttentionInputs, gen_token_mask: torch.Tensor | None, und_only: bool = False
+    ) -> torch.Tensor:
+        """`und_only`: the host keyed this forward und-only (no token is a gen token): the und expert
+        alone, no blend and no dispatch (docs/model.md §4, mask-keyed decode graphs)."""
         hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), attn)
         x = self.post_attention_layernorm(hidden_states)
+        if und_only:
+            return hidden_states + self.mlp(x)
         mask = gen_token_mask if self.moe_enable else None
         return hidden_states + moe_dispatch(x, self.mlp, self.gen_mlp, mask, self.layer_name)
 
@@ -435,12 +450,15 @@ class MammothModa2Qwen2ForCausalLM(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         gen_token_mask: torch.Tensor | None = None,
         kv_cache: StaticKVCache | None = None,
+        und_only: bool = False,
     ) -> torch.Tensor | IntermediateTensors:
         """Hidden states `[B, L, D]` after the final norm (last stage) or the next stage's tensors.
 
         The mask comes from `input_ids` whenever they are given, also beside `inputs_embeds`;
         embeddings without ids and without a mask leave it None (eager: und expert everywhere,
-        capture: fails closed).
+        capture: fails closed). `und_only=True` is the host's promise that no token is a gen token
+        (an und-only decode graph): every MoE layer runs its und expert alone and gen tokens, if
+        any arrive anyway, leave as NaN (`poison_gen_tokens`).
         """
         if self.is_first_stage:
             if input_ids is None and inputs_embeds is None:
@@ -457,7 +475,9 @@ class MammothModa2Qwen2ForCausalLM(nn.Module):
         cos, sin = self.model.rotary_emb(positions, hidden_states.dtype)
         attn = AttentionInputs(cos, sin, positions, kv_cache)
         for layer in self.model.layers[self.start_layer : self.end_layer]:
-            hidden_states = layer(hidden_states, attn, gen_token_mask)
+            hidden_states = layer(hidden_states, attn, gen_token_mask, und_only)
+        if und_only:
+            hidden_states = poison_gen_tokens(hidden_states, gen_token_mask)
 
         if not self.is_last_stage:
             tensors = IntermediateTensors(hidden_states=hidden_states)
@@ -508,8 +528,11 @@ class MammothModa2Qwen2ARForConditionalGeneration(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         gen_token_mask: torch.Tensor | None = None,
         kv_cache: StaticKVCache | None = None,
+        und_only: bool = False,
     ) -> torch.Tensor | IntermediateTensors:
-        return self.language_model(input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache)
+        return self.language_model(
+            input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache, und_only=und_only
+        )
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden_states)
@@ -554,8 +577,9 @@ class MammothModa2ForConditionalGeneration(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         gen_token_mask: torch.Tensor | None = None,
         kv_cache: StaticKVCache | None = None,
+        und_only: bool = False,
     ) -> torch.Tensor | IntermediateTensors:
-        return self.ar(input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache)
+        return self.ar(input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache, und_only=und_only)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.ar.compute_logits(hidden_states)

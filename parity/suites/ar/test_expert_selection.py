@@ -16,16 +16,19 @@ import torch
 
 from parity.compare import AT_MOST, count_rule, diff, equality_rule, flag_rule
 from parity.runners import make_runner
+from parity.suites.ar.decode import DecodeGraphs
 from parity.suites.ar.support import (
     CASES,
     PROMPTS,
     TOL,
+    ExpertUse,
     Prompt,
     ids_of,
     moe_taps,
     observe_expert_use,
     routing_mismatches,
     skip_full_size_compile,
+    token_tensor,
 )
 from parity.suites.conftest import require_graph_support
 from reference_models.checkpoints import random_state_dict
@@ -131,6 +134,71 @@ def test_dummy_capture_runs_both_experts(mode: str, ar_models, report, device) -
                 site=f"layer.{site.layer}",
                 better="equal" if run_mode == "eager" else "higher",
             )
+
+
+KEYED_MODES = ("eager", "cpu_graph", "cuda_graph", "compiled_cuda_graph")
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))
+def test_keyed_decode_graphs_route_as_reference(prompt: Prompt, mode: str, ar_models, report) -> None:
+    """Mask-keyed decode graphs (vllm-project/vllm-omni#9865; docs/model.md §4): the target's decode
+    step prepared once per key it declares (graph modes capture each on all-zero ids), the prompt
+    fed one token per step, each step on the graph the target picks from the host's per-row state
+    (here the case's tokens, host data). Every token must be routed as the reference routes it (a
+    mixed batch replayed on the und-only graph sends its gen tokens to the und expert), and a step
+    without gen tokens must not run the gen expert (text-only decode pays no blend)."""
+    models = ar_models
+    if mode not in KEYED_MODES:
+        pytest.skip(f"{mode}: keyed decode graphs are checked eager and in the modes that capture a graph")
+    require_graph_support(models.target, mode)
+    skip_full_size_compile(models, mode)
+    case = f"keyed-decode-{prompt.name}"
+    report.case, report.mode = case, mode  # an exception's error row names this case
+    target = models.target
+    host_ids = token_tensor(prompt.rows, models.config, models.size, torch.device("cpu"))
+    ids = host_ids.to(models.device)
+    batch, length = ids.shape
+    taps = moe_taps(target)
+    for site in target.moe_sites():
+        taps[f"gen.{site.layer}"] = site.gen
+    target.allocate_decode_state(batch, length)
+    per_step: list[list[ExpertUse]] = []
+    gen_calls_without_gen = 0
+    with DecodeGraphs(models, mode, batch, taps=taps) as graphs:
+        for pos in range(length):
+            generating = (host_ids[:, pos] >= models.start).tolist()
+            result = graphs.run(ids[:, pos : pos + 1], torch.full((batch,), pos, device=models.device), generating)
+            per_step.append(observe_expert_use(target, result.taps, TOL["expert_observation"]))
+            if not any(generating):
+                gen_calls_without_gen += sum(len(result.taps[f"gen.{site.layer}"]) for site in target.moe_sites())
+        replays = {str(key): count for key, count in graphs.replays.items()}
+    for uses in zip(*per_step, strict=True):  # one MoE layer, every step: [B, 1] per step -> [B, L]
+        use = ExpertUse(
+            uses[0].layer,
+            *(
+                torch.cat([getattr(u, field) for u in uses], dim=1)
+                for field in ("used_gen", "matched", "distance_und", "distance_gen")
+            ),
+        )
+        bad = routing_mismatches(use, ids, models.start)
+        detail = "; ".join(bad[:12]) + (f"; ... {len(bad) - 12} more" if len(bad) > 12 else "")
+        detail = detail or f"{ids.numel()} tokens routed as the reference routes them"
+        verdict = count_rule(len(bad), 0, metric="mismatched_tokens", at=AT_MOST, detail=f"{detail}; replays per key {replays}")
+        report.verdict(verdict, case=case, mode=mode, site=f"layer.{use.layer}")
+    und_steps = sum(1 for pos in range(length) if not bool((host_ids[:, pos] >= models.start).any()))
+    report.verdict(
+        count_rule(
+            gen_calls_without_gen,
+            0,
+            metric="gen_expert_calls_without_gen_tokens",
+            at=AT_MOST,
+            detail=f"gen expert calls over the {und_steps} step(s) whose batch held no gen token (they must replay a "
+            f"single-expert graph, not the blend); replays per key {replays}",
+        ),
+        case=case,
+        mode=mode,
+        better="equal",
+    )
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))
