@@ -73,10 +73,11 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(upcast_dtype(dtype))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * h.to(dtype)
+        """Upstream's `weight * (h * rsqrt(mean(h^2) + eps)).to(dtype)` with `h` upcast to fp32: the
+        normalisation is `F.rms_norm` without a weight, which computes in fp32 and rounds to `dtype`
+        at the same point upstream does (one fused kernel on CUDA where upstream launches six), and
+        the weight multiplies the rounded result, as upstream's does."""
+        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.variance_epsilon)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
@@ -99,11 +100,20 @@ class RotaryEmbedding(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, L, heads, D]; cos/sin: [B, L, D]."""
-    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def negate_first_half(sin: torch.Tensor) -> torch.Tensor:
+    """`sin` with the sign of rotate-half folded in (built once per forward, not once per layer)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x: [B, L, heads, D]; cos, sin_signed: [B, L, 1, D] (`negate_first_half(sin)`).
+
+    `x * cos + cat(x2, x1) * sin_signed` is upstream's `x * cos + cat(-x2, x1) * sin` element for
+    element (moving a sign between factors is exact), without a negation kernel per call.
+    """
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,12 +172,30 @@ class StaticKVCache:
 
 @dataclass
 class AttentionInputs:
-    """Per-forward attention metadata shared by every layer (a serving engine's forward context)."""
+    """Per-forward attention metadata shared by every layer (a serving engine's forward context).
 
-    cos: torch.Tensor  # [B, L, head_dim]
-    sin: torch.Tensor
+    Built once per forward (`build`), so no layer repeats it: the RoPE factors shaped to broadcast
+    over heads, and over a static KV cache the additive visibility mask in the model's dtype (a
+    boolean mask would be converted to one inside every layer's SDPA call).
+    """
+
+    cos: torch.Tensor  # [B, L, 1, head_dim]
+    sin_signed: torch.Tensor  # [B, L, 1, head_dim]: `negate_first_half(sin)`
     positions: torch.Tensor  # [B, L]
     kv_cache: StaticKVCache | None  # None: causal attention over this call's tokens only
+    cache_bias: torch.Tensor | None  # [B, 1, L, max_len]: 0 where key position <= query position, else -inf
+
+    @classmethod
+    def build(
+        cls, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, kv_cache: StaticKVCache | None
+    ) -> AttentionInputs:
+        """cos/sin: [B, L, head_dim] in the model's dtype; positions: [B, L]."""
+        bias = None
+        if kv_cache is not None:
+            key_positions = torch.arange(kv_cache.max_len, device=positions.device)
+            visible = key_positions[None, None, None, :] <= positions[:, None, :, None]
+            bias = torch.zeros(visible.shape, dtype=cos.dtype, device=cos.device).masked_fill_(~visible, float("-inf"))
+        return cls(cos.unsqueeze(2), negate_first_half(sin).unsqueeze(2), positions, kv_cache, bias)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,23 +222,25 @@ class MammothModa2Attention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, attn: AttentionInputs) -> torch.Tensor:
         bsz, q_len, _ = hidden_states.shape
-        q, k, v = self.qkv_proj.forward_split(hidden_states)
-        q = q.view(bsz, q_len, self.num_heads, self.head_dim)
-        k = k.view(bsz, q_len, self.num_kv_heads, self.head_dim)
-        v = v.view(bsz, q_len, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q, attn.cos, attn.sin).transpose(1, 2)
-        k = apply_rotary(k, attn.cos, attn.sin).transpose(1, 2)
-        v = v.transpose(1, 2)
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(hidden_states)
+        v = qkv[..., (heads + kv_heads) * dim :].view(bsz, q_len, kv_heads, dim)
+        if self.q_norm is None:
+            # q and k are adjacent columns of the fused projection: one RoPE pass rotates both
+            qk = qkv[..., : (heads + kv_heads) * dim].view(bsz, q_len, heads + kv_heads, dim)
+            qk = apply_rotary(qk, attn.cos, attn.sin_signed)
+            q, k = qk[:, :, :heads], qk[:, :, heads:]
+        else:
+            q, k, _ = qkv.split(self.qkv_proj.output_sizes, dim=-1)
+            q = apply_rotary(self.q_norm(q.view(bsz, q_len, heads, dim)), attn.cos, attn.sin_signed)
+            k = apply_rotary(self.k_norm(k.view(bsz, q_len, kv_heads, dim)), attn.cos, attn.sin_signed)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
         if attn.kv_cache is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             keys, values = attn.kv_cache.update(self.layer_idx, k, v, attn.positions)
-            key_positions = torch.arange(keys.shape[2], device=keys.device)
-            visible = key_positions[None, None, None, :] <= attn.positions[:, None, :, None]  # [B, 1, L, T]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn.cache_bias, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
 
 
@@ -473,7 +503,7 @@ class MammothModa2Qwen2ForCausalLM(nn.Module):
             gen_token_mask = intermediate_tensors.get("gen_token_mask")
 
         cos, sin = self.model.rotary_emb(positions, hidden_states.dtype)
-        attn = AttentionInputs(cos, sin, positions, kv_cache)
+        attn = AttentionInputs.build(cos, sin, positions, kv_cache)
         for layer in self.model.layers[self.start_layer : self.end_layer]:
             hidden_states = layer(hidden_states, attn, gen_token_mask, und_only)
         if und_only:
