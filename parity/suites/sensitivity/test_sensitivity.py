@@ -13,6 +13,7 @@ selections under three other seeds (no false alarms). vllm-project/vllm-omni#745
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,21 +120,28 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
 
 def control_selections(lane: str) -> dict[Kill, list[str]]:
     """Every test the lane's mutants are checked with, one pytest selection per configuration
-    (size, dtype): files plus an OR of the -k terms."""
-    groups: dict[tuple[str, str | None], tuple[list[str], list[str]]] = {}
+    (size, dtype): the files, and each mutant's `-k` applied to its own file only
+    (`parity/suites/sensitivity/selection.py`)."""
+    groups: dict[tuple[str, str | None], tuple[list[str], list[tuple[str, str | None]]]] = {}
     for mutant in CATALOGUE.values():
         kill = mutant.on(lane)
         if isinstance(kill, NotApplicable):
             continue
-        files, terms = groups.setdefault(kill.config, ([], []))
+        files, selections = groups.setdefault(kill.config, ([], []))
         path, *rest = kill.tests
-        module = Path(path).stem
         files.append(path)
         expression = rest[rest.index("-k") + 1] if "-k" in rest else None
-        terms.append(f"({module} and ({expression}))" if expression else f"({module})")
+        if (path, expression) not in selections:
+            selections.append((path, expression))
     return {
-        Kill((), size=size, dtype=dtype): [*dict.fromkeys(files), "-k", " or ".join(dict.fromkeys(terms))]
-        for (size, dtype), (files, terms) in groups.items()
+        Kill((), size=size, dtype=dtype): [
+            *dict.fromkeys(files),
+            "-p",
+            "parity.suites.sensitivity.selection",
+            "--kill-selections",
+            json.dumps(selections),
+        ]
+        for (size, dtype), (files, selections) in groups.items()
     }
 
 
