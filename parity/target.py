@@ -117,7 +117,12 @@ class ARAdapter(Protocol):
     object with `layer, pre_norm, layer_module, und, gen`: the harness observes which expert's
     output a token got through forward hooks on `pre_norm` and `layer_module`. Either the plain
     form (`pre_norm(h) -> x`, `layer_module(...) -> h + moe(x)`) or the fused-residual form of
-    serving engines (`pre_norm(hidden, residual) -> (x, h)`, `layer_module(...) -> (moe(x), h)`)."""
+    serving engines (`pre_norm(hidden, residual) -> (x, h)`, `layer_module(...) -> (moe(x), h)`).
+
+    Optional, for mask-keyed decode graphs (docs/model.md §4): `decode_graph_keys` (the graphs to
+    capture per batch size), `select_decode_graph(key)` (host state: what `decode_step` runs and a
+    capture bakes; None restores the default) and `decode_graph_key(generating) -> key` (the graph
+    a batch replays, from per-row host-side bools). Without them the harness captures one graph."""
 
     name: str
     config: Any

@@ -174,9 +174,11 @@ def test_eager_embeddings_without_mask_run_und_everywhere(serving) -> None:
 HOST_READS = ("aten._local_scalar_dense", "aten.nonzero", "aten.item", "aten.masked_select")
 
 
-def trace_decode_step(adapter: ServingARAdapter, batch: int, max_len: int) -> torch.fx.GraphModule:
-    """Capture on all-zero dummy ids, as a runner does at start-up (before any prefill)."""
-    adapter.allocate_decode_state(batch, max_len)
+def trace_decode_step(adapter: ServingARAdapter, batch: int, max_len: int | None) -> torch.fx.GraphModule:
+    """Capture on all-zero dummy ids, as a runner does at start-up (before any prefill); `max_len`
+    None keeps the decode state already allocated (several graphs on one state)."""
+    if max_len is not None:
+        adapter.allocate_decode_state(batch, max_len)
     dummy_ids = torch.zeros(batch, 1, dtype=torch.long)
     dummy_positions = torch.zeros(batch, dtype=torch.long)
     with capture_probe("cpu", CAPTURING):
@@ -229,6 +231,50 @@ def test_prefill_and_decode_equal_the_full_forward(serving) -> None:
     for pos in range(6, 9):
         step = serving.decode_step(ids[:, pos : pos + 1], torch.full((2,), pos))
         torch.testing.assert_close(step, full[:, pos])
+
+
+# ---- mask-keyed decode graphs (docs/model.md §4) ------------------------------------------------
+
+
+def test_decode_graph_key_is_any_generating_request_from_host_state() -> None:
+    assert ar_runner.decode_graph_key([False, False]) == ar_runner.UND_ONLY
+    assert ar_runner.decode_graph_key([False, True]) == ar_runner.BLEND  # one image request: the blend
+    assert ar_runner.decode_graph_key([]) == ar_runner.UND_ONLY
+    with pytest.raises(TypeError, match="device-to-host sync"):
+        ar_runner.decode_graph_key(torch.tensor([False, True]))
+
+
+def test_und_only_graph_is_single_expert_and_poisons_a_broken_promise(tiny_dir) -> None:
+    """The und-only key, captured on zeros: no gen expert in the graph, text rows equal the blend's
+    (a single-expert step), and a gen token replayed on it comes out NaN (never und-routed quietly)."""
+    adapter = ServingARAdapter.load(tiny_dir)
+    calls = {"gen": 0}
+    gen_mlps = [layer.gen_mlp for layer in adapter.module.language_model.model.layers if layer.gen_mlp is not None]
+    hooks = [m.register_forward_hook(lambda *_: calls.__setitem__("gen", calls["gen"] + 1)) for m in gen_mlps]
+    adapter.allocate_decode_state(2, 8)
+    adapter.select_decode_graph(ar_runner.UND_ONLY)
+    try:
+        und_graph = trace_decode_step(adapter, batch=2, max_len=None)
+    finally:
+        adapter.select_decode_graph(None)
+        for hook in hooks:
+            hook.remove()
+    assert calls["gen"] == 0  # recorded without the gen expert (the blend's recording calls it)
+    blend_graph = trace_decode_step(adapter, batch=2, max_len=None)
+    prompt = torch.tensor([[5, 9, 11, 4], [7, 8, 9, 10]])
+    adapter.prefill(prompt)
+    text = torch.tensor([[40], [41]])
+    positions = torch.full((2,), 4)
+    torch.testing.assert_close(und_graph(text, positions), blend_graph(text, positions), rtol=0, atol=0)
+    mixed = torch.tensor([[40], [START + 3]])
+    logits = und_graph(mixed, positions)
+    assert torch.isfinite(logits[0]).all() and torch.isnan(logits[1]).all()
+
+
+def test_select_decode_graph_rejects_unknown_keys(serving) -> None:
+    with pytest.raises(ValueError, match="unknown decode graph key"):
+        serving.select_decode_graph("all_gen")
+    assert serving.decode_graph_keys == (ar_runner.UND_ONLY, ar_runner.BLEND)
 
 
 # ---- raw input tokens on the multimodal path --------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import textwrap
 from pathlib import Path
@@ -43,6 +44,11 @@ def test_parity_run_writes_a_run_directory_and_a_summary(tmp_path: Path) -> None
     assert "parity summary" in result.stdout and "selfcheck" in result.stdout
     assert str(tmp_path / "first" / "results.csv") in result.stdout
     assert (tmp_path / "first" / "run.json").exists()
+    # the seconds each suite's tests took: in run.json and as a summary column
+    seconds = json.loads((tmp_path / "first" / "run.json").read_text())["suite_seconds"]
+    assert set(seconds) == {"selfcheck"} and seconds["selfcheck"] > 0
+    header = next(line for line in result.stdout.splitlines() if line.split()[:2] == ["suite", "cases"])
+    assert "seconds" in header.split()
 
 
 def _copy_cases(tmp_path: Path) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import textwrap
 from pathlib import Path
@@ -98,6 +99,9 @@ def test_summary_counts_cases_by_their_worst_gate_row(tmp_path: Path) -> None:
     assert summary.loc["numerics", ["cases", "pass", "fail", "tie_flip", "error"]].tolist() == [4, 1, 1, 1, 1]
     assert "psnr=30" in summary.loc["routing", "worst"]
     assert outcome(tmp_path).failed_cases == 3
+    assert "seconds" not in summary  # without run.json's suite_seconds: no column
+    timed = summarize(frame, {"numerics": 1.25}).set_index("suite")
+    assert timed.loc["numerics", "seconds"] == 1.2 and math.isnan(timed.loc["routing", "seconds"])
 
 
 SUITE = textwrap.dedent(

@@ -4,6 +4,7 @@ recorded `not_applicable` with its reason, never as a pass and never as killed."
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from parity.report import mutation_score, read_results
 from parity.suites.sensitivity import catalogue
 from parity.suites.sensitivity.catalogue import LANES, NotApplicable, all_mutants
-from tests.helpers import PROJECT_ROOT, run_pytest
+from tests.helpers import PROJECT_ROOT, run_pytest, subprocess_env
 
 OTHER_LANE_GRAPH_MODE = {"cpu": "cuda_graph", "cuda": "cpu_graph"}
 
@@ -84,3 +85,38 @@ def test_a_mutant_that_cannot_apply_is_recorded_not_applicable(tmp_path: Path) -
     assert row.verdict == "not_applicable" and "equivalent at fp32 by construction" in row.detail
     score = mutation_score(rows)
     assert (score.killed, score.applicable, score.not_applicable, score.survivors) == (0, 0, ["fake-equivalent"], [])
+
+
+SAME_NAME_MODULE = "def test_compiled():\n    pass\n\n\ndef test_eager():\n    pass\n"
+
+
+def _collected(tmp_path: Path, *args: str) -> set[str]:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:parity", *args],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return {line for line in result.stdout.splitlines() if "::" in line}
+
+
+def test_control_selections_apply_each_expression_to_its_own_file(tmp_path: Path) -> None:
+    """Two suites' modules share a name (ar/ and dit/test_numerics.py): a control built as one `-k`
+    of module-qualified terms selects the other module's tests too (the broken variant, first);
+    the selection plugin keeps exactly what each mutant's own selection picks."""
+    for package in ("ar", "dit"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package / "test_numerics.py").write_text(SAME_NAME_MODULE)
+    files = ["ar/test_numerics.py", "dit/test_numerics.py"]
+    union = _collected(tmp_path, *files, "-k", "(test_numerics and (eager)) or (test_numerics and (compiled))")
+    assert len(union) == 4  # ar's compiled test and dit's eager test were never asked for
+    selections = json.dumps([["ar/test_numerics.py", "eager"], ["dit/test_numerics.py", "compiled"]])
+    exact = _collected(tmp_path, *files, "-p", "parity.suites.sensitivity.selection", "--kill-selections", selections)
+    assert exact == {"ar/test_numerics.py::test_eager", "dit/test_numerics.py::test_compiled"}

@@ -52,7 +52,7 @@ from parity.plugin.session import (
     probe_report_dir,
     session_target,
 )
-from parity.report import RESULTS_FILE, format_summary, read_results, summarize
+from parity.report import RESULTS_FILE, RUN_INFO_FILE, add_suite_seconds, format_summary, read_results, summarize
 from parity.target import TargetError
 
 USAGE_ERRORS = pytest.StashKey[list[str]]()
@@ -120,8 +120,10 @@ def pytest_configure(config: pytest.Config) -> None:
     add_case_dirs(session.cases_dirs)
     config.stash[SESSION] = session
     config.stash[WRITER] = session.writer(config)
-    if not _is_worker(config) and config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_XdistHooks(config), "parity-xdist")
+    if not _is_worker(config):
+        config.pluginmanager.register(_SuiteClock(config), "parity-suite-clock")
+        if config.pluginmanager.hasplugin("xdist"):
+            config.pluginmanager.register(_XdistHooks(config), "parity-xdist")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -163,6 +165,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = keep
     if session.device == "cpu" and any(lanes.is_parity_test(item) for item in items):
         lanes.set_cpu_threads()
+
+
+SUITE_PROPERTY = "parity_suite"  # a test report's user property naming its report suite (xdist sends it along)
+SUITE_SECONDS = pytest.StashKey[dict]()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -218,6 +224,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if session.exitstatus == pytest.ExitCode.USAGE_ERROR and RESUMED in config.stash:
             config.stash[SESSION].restore(config.stash[RESUMED])  # refused before any test: the run is as it was
             return
+        _record_suite_seconds(config)
         received = watch.received if watch is not None else None
         stopped = str(session.shouldfail or session.shouldstop or "")
         finish_run(config.stash[SESSION].run_dir, session.exitstatus, signal_name=received, stopped=stopped)
@@ -227,6 +234,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    suite = lanes.suite_of(item)
+    if suite is not None and (SUITE_PROPERTY, suite) not in item.user_properties:
+        item.user_properties.append((SUITE_PROPERTY, suite))
     if item.get_closest_marker("gpu") is not None:
         import torch
 
@@ -325,6 +335,29 @@ def _write_skip_row(item: pytest.Item, suite: str, test_report: pytest.TestRepor
     )
 
 
+class _SuiteClock:
+    """Seconds per report suite: setup, call and teardown of its tests, summed. Registered on the
+    controller, where every xdist worker's reports arrive (the suite travels as a user property);
+    serially the sum is the suite's wall time, under xdist its test time across workers."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.seconds = config.stash[SUITE_SECONDS] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:  # noqa: F811 - pytest's hook argument name
+        suite = dict(report.user_properties).get(SUITE_PROPERTY)
+        if suite is not None:
+            self.seconds[suite] = self.seconds.get(suite, 0.0) + float(report.duration)
+
+
+def _record_suite_seconds(config: pytest.Config) -> None:
+    """Write the seconds per suite into run.json (the controller; the run directory must exist)."""
+    seconds = config.stash.get(SUITE_SECONDS, None)
+    run = config.stash.get(SESSION, None)
+    if not seconds or run is None or not (run.run_dir / RUN_INFO_FILE).exists():
+        return
+    add_suite_seconds(run.run_dir, seconds)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if _is_worker(config) or config.getoption("parity_no_summary"):
         return
@@ -333,5 +366,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     frame = read_results(session.run_dir)
     terminalreporter.section("parity report")
-    terminalreporter.write_line(format_summary(summarize(frame)))
+    terminalreporter.write_line(format_summary(summarize(frame, config.stash.get(SUITE_SECONDS, None))))
     terminalreporter.write_line(f"{len(frame)} rows in {session.run_dir / RESULTS_FILE}")

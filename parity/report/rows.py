@@ -101,6 +101,13 @@ def write_run_info(run_dir: Path, info: Mapping[str, Any]) -> None:
     os.replace(partial, path)
 
 
+def add_suite_seconds(run_dir: Path, seconds: Mapping[str, float]) -> None:
+    """Record in run.json the seconds each report suite's tests took (`suite_seconds`)."""
+    info = read_run_info(run_dir)
+    info["suite_seconds"] = {suite: round(value, 3) for suite, value in sorted(seconds.items())}
+    write_run_info(run_dir, info)
+
+
 def read_run_info(run_dir: Path) -> dict[str, Any]:
     """`run.json` of a run directory ({} when there is none); an unreadable one is a ReportError."""
     path = Path(run_dir) / RUN_INFO_FILE
@@ -334,9 +341,9 @@ def _badness(row: pd.Series) -> float:
     return value / threshold
 
 
-def summarize(frame: pd.DataFrame) -> pd.DataFrame:
+def summarize(frame: pd.DataFrame, seconds: Mapping[str, float] | None = None) -> pd.DataFrame:
     """Per suite: cases, pass, fail, tie_flip, error, not_applicable, skip and the gate row nearest
-    to (or past) its bound."""
+    to (or past) its bound; with `seconds` (run.json's `suite_seconds`) also the seconds its tests took."""
     verdicts = case_verdicts(frame)
     rows = []
     for suite, group in verdicts.groupby("suite", sort=True):
@@ -362,7 +369,10 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
                 "worst": worst,
             }
         )
-    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    if seconds:
+        summary.insert(len(SUMMARY_COLUMNS) - 1, "seconds", [round(seconds.get(s, math.nan), 1) for s in summary["suite"]])
+    return summary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,6 +441,6 @@ class RunOutcome:
 
 def outcome(run_dir: str | Path) -> RunOutcome:
     frame = read_results(run_dir)
-    summary = summarize(frame)
+    summary = summarize(frame, read_run_info(Path(run_dir)).get("suite_seconds"))
     failed = int(summary["fail"].sum() + summary["error"].sum()) if not summary.empty else 0
     return RunOutcome(len(frame), summary, failed)

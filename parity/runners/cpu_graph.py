@@ -24,9 +24,10 @@ What it does not reproduce: CUDA's opaque error texts and the poisoned RNG after
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -35,6 +36,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from parity.runners.base import CaptureError, OutputLayout, RecordedFunction
 from parity.runners.capture_probe import reporting_capture, target_sees_capturing
 from parity.runners.graph import GraphRun
+
+T = TypeVar("T")
 
 _aten = torch.ops.aten
 # Ops tagged "dynamic_output_shape" that are fine when no index is a mask / an output size is given.
@@ -108,6 +111,21 @@ def _no_host_copies(site: str) -> Iterator[None]:
                 setattr(torch.Tensor, method, original)
 
 
+def on_a_shallow_stack(fn: Callable[[], T]) -> T:
+    """Run `fn` in a fresh thread and return its result (or raise its exception).
+
+    Real-mode `make_fx` builds a `FakeTensorMode` per traced value, and each one records the
+    caller's whole stack (`traceback.extract_stack`, with a source line per frame). Under pytest
+    that stack is about a hundred frames deep, which made recording the tiny decode step about
+    seven times slower than the same recording from a script. A new thread's stack holds only the
+    tracing frames. Nothing the recording depends on is thread-local except grad mode, which the
+    traced function sets itself (`torch.no_grad()` inside `fn`); the capture probe and the
+    host-copy guards are process-wide.
+    """
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu_graph-record") as pool:
+        return pool.submit(fn).result()
+
+
 class CpuGraphRun(GraphRun):
     """A function recorded once on dummy inputs with `make_fx`; each call copies inputs in and replays."""
 
@@ -122,9 +140,12 @@ class CpuGraphRun(GraphRun):
                 self.layout = OutputLayout(result)
                 return self.layout.tensors(result)
 
-        try:
+        def trace() -> torch.fx.GraphModule:
             with torch.no_grad(), reporting_capture(registry, self.device.type), _no_host_copies(self.site):
-                self.graph = make_fx(flat, tracing_mode="real")(*self.static.buffers)
+                return make_fx(flat, tracing_mode="real")(*self.static.buffers)
+
+        try:
+            self.graph = on_a_shallow_stack(trace)
         except CaptureError:
             raise
         except Exception as error:  # any failure while recording is a capture failure of this site

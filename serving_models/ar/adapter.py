@@ -36,12 +36,20 @@ Computation (no autograd)
     `greedy_generate(input_ids, max_new_tokens, step_fn=None) -> GenerateOutput(tokens [B, N],
     step_logits [B, N, V])`; `step_logits[:, i]` chose `tokens[:, i]`. `step_fn` replaces
     `decode_step` (e.g. a captured graph's replay) and must use this adapter's decode state.
+Mask-keyed decode graphs (serving only; a target without them captures one decode graph)
+    `decode_graph_keys` (`("und_only", "blend")`): the graphs a runner captures per batch size.
+    `select_decode_graph(key)`: host-side, what `decode_step` runs from now on, and so what a
+    capture bakes; a runner calls it from its `host_prepare` hook (before recording and before
+    each replay of that key's graph). `und_only`: the und expert alone, gen tokens poisoned to
+    NaN; `blend`: the graph-safe blend (the default, restored by `select_decode_graph(None)`).
+    `decode_graph_key(generating) -> key`: the graph a batch replays, from per-request host
+    state (Python bools: may this request feed a gen token this step); never a device read.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,9 +132,12 @@ class ServingARAdapter:
     supports_capture = True
     capture = capture
 
+    decode_graph_keys = ar_runner.DECODE_GRAPH_KEYS
+
     def __init__(self, module: MammothModa2ForConditionalGeneration) -> None:
         self.module = module
         self.decode_state: StaticKVCache | None = None
+        self.decode_und_only = False  # host state: the key `decode_step` runs (and a capture bakes)
         self._layer_outputs = LayerOutputs(list(self._layers))
 
     @classmethod
@@ -247,14 +258,27 @@ class ServingARAdapter:
         positions = self._positions(batch, length, input_ids.device)
         return self.module.compute_logits(self.module(input_ids, positions, kv_cache=state))
 
+    @staticmethod
+    def decode_graph_key(generating: Sequence[bool]) -> str:
+        """The decode graph for a batch whose requests are (True) or are not generating an image."""
+        return ar_runner.decode_graph_key(generating)  # looked up at call time: one replaceable decision
+
+    def select_decode_graph(self, key: str | None) -> None:
+        """Host-side: run (and let a capture bake) decode graph `key` from the next `decode_step` on;
+        None restores the default, the blend (correct for any batch)."""
+        if key is not None and key not in self.decode_graph_keys:
+            raise ValueError(f"unknown decode graph key {key!r}; keys are {self.decode_graph_keys}")
+        self.decode_und_only = key == ar_runner.UND_ONLY
+
     @traceable_method
     def decode_step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One token per sequence; graph-capturable (static shapes, in-place cache, no host reads).
 
+        Runs the decode graph selected on the host (`select_decode_graph`; a capture bakes it).
         No `torch.no_grad()` here (the weights have `requires_grad=False`), so a tracer sees
         exactly this computation.
         """
-        hidden = self.module(input_ids, positions[:, None], kv_cache=self.decode_state)
+        hidden = self.module(input_ids, positions[:, None], kv_cache=self.decode_state, und_only=self.decode_und_only)
         return self.module.compute_logits(hidden[:, 0])
 
     @torch.no_grad()

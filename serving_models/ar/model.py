@@ -10,7 +10,8 @@ Same math as upstream, shaped for graph capture and compilation:
 - MoE dispatch that asks the target-owned capture probe: outside capture the eager fast paths
   (all-und / all-gen / mixed gather-scatter) run; under capture a `torch.where` blend runs both
   experts on every row and never reads the mask on the host; capture without a mask fails
-  closed.
+  closed. A forward the host keys `und_only` (no request in the batch is generating an image)
+  runs the und expert alone in every mode: the und-only decode graph of the mask-keyed pair.
 - `requires_raw_input_tokens = True` on the AR wrappers and the top-level module, so a runner
   keeps `input_ids` beside `inputs_embeds` and the mask can be derived from the ids.
 
@@ -72,10 +73,11 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(upcast_dtype(dtype))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * h.to(dtype)
+        """Upstream's `weight * (h * rsqrt(mean(h^2) + eps)).to(dtype)` with `h` upcast to fp32: the
+        normalisation is `F.rms_norm` without a weight, which computes in fp32 and rounds to `dtype`
+        at the same point upstream does (one fused kernel on CUDA where upstream launches six), and
+        the weight multiplies the rounded result, as upstream's does."""
+        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.variance_epsilon)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
@@ -98,11 +100,20 @@ class RotaryEmbedding(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, L, heads, D]; cos/sin: [B, L, D]."""
-    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def negate_first_half(sin: torch.Tensor) -> torch.Tensor:
+    """`sin` with the sign of rotate-half folded in (built once per forward, not once per layer)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x: [B, L, heads, D]; cos, sin_signed: [B, L, 1, D] (`negate_first_half(sin)`).
+
+    `x * cos + cat(x2, x1) * sin_signed` is upstream's `x * cos + cat(-x2, x1) * sin` element for
+    element (moving a sign between factors is exact), without a negation kernel per call.
+    """
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,12 +172,30 @@ class StaticKVCache:
 
 @dataclass
 class AttentionInputs:
-    """Per-forward attention metadata shared by every layer (a serving engine's forward context)."""
+    """Per-forward attention metadata shared by every layer (a serving engine's forward context).
 
-    cos: torch.Tensor  # [B, L, head_dim]
-    sin: torch.Tensor
+    Built once per forward (`build`), so no layer repeats it: the RoPE factors shaped to broadcast
+    over heads, and over a static KV cache the additive visibility mask in the model's dtype (a
+    boolean mask would be converted to one inside every layer's SDPA call).
+    """
+
+    cos: torch.Tensor  # [B, L, 1, head_dim]
+    sin_signed: torch.Tensor  # [B, L, 1, head_dim]: `negate_first_half(sin)`
     positions: torch.Tensor  # [B, L]
     kv_cache: StaticKVCache | None  # None: causal attention over this call's tokens only
+    cache_bias: torch.Tensor | None  # [B, 1, L, max_len]: 0 where key position <= query position, else -inf
+
+    @classmethod
+    def build(
+        cls, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, kv_cache: StaticKVCache | None
+    ) -> AttentionInputs:
+        """cos/sin: [B, L, head_dim] in the model's dtype; positions: [B, L]."""
+        bias = None
+        if kv_cache is not None:
+            key_positions = torch.arange(kv_cache.max_len, device=positions.device)
+            visible = key_positions[None, None, None, :] <= positions[:, None, :, None]
+            bias = torch.zeros(visible.shape, dtype=cos.dtype, device=cos.device).masked_fill_(~visible, float("-inf"))
+        return cls(cos.unsqueeze(2), negate_first_half(sin).unsqueeze(2), positions, kv_cache, bias)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,23 +222,25 @@ class MammothModa2Attention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, attn: AttentionInputs) -> torch.Tensor:
         bsz, q_len, _ = hidden_states.shape
-        q, k, v = self.qkv_proj.forward_split(hidden_states)
-        q = q.view(bsz, q_len, self.num_heads, self.head_dim)
-        k = k.view(bsz, q_len, self.num_kv_heads, self.head_dim)
-        v = v.view(bsz, q_len, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q, attn.cos, attn.sin).transpose(1, 2)
-        k = apply_rotary(k, attn.cos, attn.sin).transpose(1, 2)
-        v = v.transpose(1, 2)
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(hidden_states)
+        v = qkv[..., (heads + kv_heads) * dim :].view(bsz, q_len, kv_heads, dim)
+        if self.q_norm is None:
+            # q and k are adjacent columns of the fused projection: one RoPE pass rotates both
+            qk = qkv[..., : (heads + kv_heads) * dim].view(bsz, q_len, heads + kv_heads, dim)
+            qk = apply_rotary(qk, attn.cos, attn.sin_signed)
+            q, k = qk[:, :, :heads], qk[:, :, heads:]
+        else:
+            q, k, _ = qkv.split(self.qkv_proj.output_sizes, dim=-1)
+            q = apply_rotary(self.q_norm(q.view(bsz, q_len, heads, dim)), attn.cos, attn.sin_signed)
+            k = apply_rotary(self.k_norm(k.view(bsz, q_len, kv_heads, dim)), attn.cos, attn.sin_signed)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
         if attn.kv_cache is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             keys, values = attn.kv_cache.update(self.layer_idx, k, v, attn.positions)
-            key_positions = torch.arange(keys.shape[2], device=keys.device)
-            visible = key_positions[None, None, None, :] <= attn.positions[:, None, :, None]  # [B, 1, L, T]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn.cache_bias, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
 
 
@@ -335,6 +366,14 @@ def moe_dispatch(
     return moe_eager(hidden_states, und_expert, gen_expert, gen_token_mask)
 
 
+def poison_gen_tokens(hidden_states: torch.Tensor, gen_token_mask: torch.Tensor | None) -> torch.Tensor:
+    """NaN on every gen token of a forward keyed und-only: graph-safe (no host read), so a broken
+    host promise gives non-finite logits instead of gen tokens silently served by the und expert."""
+    if gen_token_mask is None:
+        return hidden_states
+    return hidden_states.masked_fill(gen_token_mask.unsqueeze(-1), float("nan"))
+
+
 # ----------------------------------------------------------------------------------------------
 # Decoder layer
 # ----------------------------------------------------------------------------------------------
@@ -362,9 +401,15 @@ class MammothModa2DecoderLayer(nn.Module):
         self.moe_enable = ar_config.moe_enable(config.moe_type, "ffn", layer_idx)
         self.gen_mlp = SwiGLUMLP(config) if self.moe_enable else None
 
-    def forward(self, hidden_states: torch.Tensor, attn: AttentionInputs, gen_token_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, attn: AttentionInputs, gen_token_mask: torch.Tensor | None, und_only: bool = False
+    ) -> torch.Tensor:
+        """`und_only`: the host keyed this forward und-only (no token is a gen token): the und expert
+        alone, no blend and no dispatch (docs/model.md §4, mask-keyed decode graphs)."""
         hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), attn)
         x = self.post_attention_layernorm(hidden_states)
+        if und_only:
+            return hidden_states + self.mlp(x)
         mask = gen_token_mask if self.moe_enable else None
         return hidden_states + moe_dispatch(x, self.mlp, self.gen_mlp, mask, self.layer_name)
 
@@ -464,12 +509,15 @@ class MammothModa2Qwen2ForCausalLM(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         gen_token_mask: torch.Tensor | None = None,
         kv_cache: StaticKVCache | None = None,
+        und_only: bool = False,
     ) -> torch.Tensor | IntermediateTensors:
         """Hidden states `[B, L, D]` after the final norm (last stage) or the next stage's tensors.
 
         The mask comes from `input_ids` whenever they are given, also beside `inputs_embeds`;
         embeddings without ids and without a mask leave it None (eager: und expert everywhere,
-        capture: fails closed).
+        capture: fails closed). `und_only=True` is the host's promise that no token is a gen token
+        (an und-only decode graph): every MoE layer runs its und expert alone and gen tokens, if
+        any arrive anyway, leave as NaN (`poison_gen_tokens`).
         """
         if self.is_first_stage:
             if input_ids is None and inputs_embeds is None:
@@ -484,9 +532,11 @@ class MammothModa2Qwen2ForCausalLM(nn.Module):
             gen_token_mask = intermediate_tensors.get("gen_token_mask")
 
         cos, sin = self.model.rotary_emb(positions, hidden_states.dtype)
-        attn = AttentionInputs(cos, sin, positions, kv_cache)
+        attn = AttentionInputs.build(cos, sin, positions, kv_cache)
         for layer in self.model.layers[self.start_layer : self.end_layer]:
-            hidden_states = layer(hidden_states, attn, gen_token_mask)
+            hidden_states = layer(hidden_states, attn, gen_token_mask, und_only)
+        if und_only:
+            hidden_states = poison_gen_tokens(hidden_states, gen_token_mask)
 
         if not self.is_last_stage:
             tensors = IntermediateTensors(hidden_states=hidden_states)
@@ -537,8 +587,11 @@ class MammothModa2Qwen2ARForConditionalGeneration(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         gen_token_mask: torch.Tensor | None = None,
         kv_cache: StaticKVCache | None = None,
+        und_only: bool = False,
     ) -> torch.Tensor | IntermediateTensors:
-        return self.language_model(input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache)
+        return self.language_model(
+            input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache, und_only=und_only
+        )
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden_states)
@@ -583,8 +636,9 @@ class MammothModa2ForConditionalGeneration(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         gen_token_mask: torch.Tensor | None = None,
         kv_cache: StaticKVCache | None = None,
+        und_only: bool = False,
     ) -> torch.Tensor | IntermediateTensors:
-        return self.ar(input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache)
+        return self.ar(input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache, und_only=und_only)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.ar.compute_logits(hidden_states)

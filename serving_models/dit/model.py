@@ -171,7 +171,15 @@ def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 # Attention, feed-forward, block
 # --------------------------------------------------------------------------------------------
 class Attention(nn.Module):
-    """QK-norm, RoPE, GQA by repeating KV heads, SDPA with a boolean key-padding mask."""
+    """QK-norm, RoPE, grouped-query SDPA with a boolean key-padding mask.
+
+    GQA without K/V copies: SDPA's `enable_gqa=True` lets query head `h` attend to K/V head
+    `h // (heads // kv_heads)`, the order `repeat_interleave` gives upstream, without writing
+    `heads / kv_heads` copies of K and V per block (docs/model.md §7). `materialise_kv_heads = True`
+    runs the copying formulation instead: kept for the benchmark's side-by-side measurement.
+    """
+
+    materialise_kv_heads = False
 
     def __init__(self, dim: int, heads: int, kv_heads: int) -> None:
         super().__init__()
@@ -192,9 +200,12 @@ class Attention(nn.Module):
         q = rotate_interleaved(q, *rope).to(dtype).transpose(1, 2)
         k = rotate_interleaved(k, *rope).to(dtype).transpose(1, 2)
         v = v.transpose(1, 2)
-        rep = self.heads // self.kv_heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=self.scale)
+        grouped = self.heads != self.kv_heads
+        if grouped and self.materialise_kv_heads:
+            rep = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            grouped = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=self.scale, enable_gqa=grouped)
         out = out.transpose(1, 2).flatten(2)
         # Padded query rows carry nothing downstream: keep them at zero (upstream's varlen path).
         out = torch.where(mask[:, :, None], out, torch.zeros((), dtype=out.dtype, device=out.device))

@@ -19,7 +19,7 @@ is the reference's own error in the run's dtype, measured in the same run.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -67,15 +67,78 @@ def reference_decode(models: ARModels, prompt: torch.Tensor, steps: int) -> Refe
     return ReferenceDecode(prompt, out.tokens, out.step_logits, golden)
 
 
-def graph_step(models: ARModels, mode: str, batch: int) -> tuple[Any, StepFn]:
-    """Capture the target's decode step on all-zero ids and positions (as a serving engine captures
-    it, before any prefill); return the prepared run (a context manager) and a replaying step.
-    The target's decode state must already be allocated: the graph is bound to its buffers."""
-    runner = make_runner(mode, device=models.device, capture_registry=models.target.capture)
-    ids = torch.zeros(batch, 1, dtype=torch.long, device=models.device)
-    positions = torch.zeros(batch, dtype=torch.long, device=models.device)
-    run = runner.prepare(models.target.decode_step, (ids, positions), dummy="zeros", name="decode_step")
-    return run, lambda step_ids, step_positions: run(step_ids, step_positions).output
+class DecodeGraphs:
+    """The target's decode step prepared in a mode once per decode graph the target declares.
+
+    A serving target with mask-keyed decode graphs (`decode_graph_keys`, docs/model.md §4) gets
+    one graph per key, each recorded on all-zero ids and positions (as a serving engine captures,
+    before any prefill) with the key selected by the runner's `host_prepare` hook, so the capture
+    bakes it; a target without keys gets one graph. Each call replays the graph the target picks
+    (`decode_graph_key`) from the batch's host-side composition: per row, whether the request may
+    feed a gen token this step. The target's decode state must already be allocated (the graphs
+    are bound to its buffers). A context manager: closing restores the target's default graph.
+    """
+
+    def __init__(self, models: ARModels, mode: str, batch: int, *, taps: dict | None = None) -> None:
+        target = models.target
+        self.target, self.start = target, models.start
+        self.keys: tuple[str | None, ...] = tuple(getattr(target, "decode_graph_keys", None) or (None,))
+        self.replays: dict[str | None, int] = dict.fromkeys(self.keys, 0)
+        self.runs: dict[str | None, Any] = {}
+        runner = make_runner(mode, device=models.device, capture_registry=target.capture)
+        ids = torch.zeros(batch, 1, dtype=torch.long, device=models.device)
+        positions = torch.zeros(batch, dtype=torch.long, device=models.device)
+        try:
+            for key in self.keys:
+                select = None if key is None else (lambda *_inputs, key=key: target.select_decode_graph(key))
+                name = "decode_step" if key is None else f"decode_step[{key}]"
+                self.runs[key] = runner.prepare(
+                    target.decode_step, (ids, positions), dummy="zeros", taps=taps, name=name, host_prepare=select
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def keyed(self) -> bool:
+        return self.keys != (None,)
+
+    def key_for(self, generating: Sequence[bool]) -> str | None:
+        """The target's pick for a batch whose rows are (True) or are not generating."""
+        return self.target.decode_graph_key(list(generating)) if self.keyed else None
+
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, generating: Sequence[bool] | None = None) -> Any:
+        """Replay the graph for this batch; `generating` is the host's per-row state. Without it the
+        harness plays a synchronous engine, which holds the tokens it sampled (and feeds) on the
+        host: they are read here, outside any graph."""
+        if generating is None:
+            generating = (ids[:, -1] >= self.start).tolist() if self.keyed else []
+        key = self.key_for(generating)
+        self.replays[key] += 1
+        return self.runs[key](ids, positions)
+
+    def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.run(ids, positions).output
+
+    def close(self) -> None:
+        for run in self.runs.values():
+            run.close()
+        if self.keyed:
+            self.target.select_decode_graph(None)
+
+    def __enter__(self) -> DecodeGraphs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def graph_step(models: ARModels, mode: str, batch: int) -> tuple[DecodeGraphs, StepFn]:
+    """Capture the target's decode graphs on all-zero ids and positions (as a serving engine
+    captures them, before any prefill); return them (a context manager) and a replaying step.
+    The target's decode state must already be allocated: the graphs are bound to its buffers."""
+    graphs = DecodeGraphs(models, mode, batch)
+    return graphs, graphs.step
 
 
 # ---------------------------------------------------------------------------------------------

@@ -98,6 +98,43 @@ def _stale_host_metadata() -> None:
 
 
 @mutant(
+    "mixed-batch-on-und-only-graph",
+    defect=(
+        "the runner keys a decode batch blend only when every request is generating an image ('all' for 'any'): "
+        "a mixed batch replays the und-only graph and its gen tokens get the und expert (vllm-project/vllm-omni#9865's "
+        "mask-keyed graphs, keyed wrong)"
+    ),
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "keyed_decode and cpu_graph"),
+    cuda=(EXPERT_SELECTION, "-k", "keyed_decode and cuda_graph"),
+)
+def _mixed_batch_on_und_only() -> None:
+    from serving_models.ar import runner as ar_runner
+
+    def decode_graph_key(generating):
+        flags = [bool(flag) for flag in generating]
+        return ar_runner.BLEND if flags and all(flags) else ar_runner.UND_ONLY
+
+    ar_runner.decode_graph_key = decode_graph_key
+
+
+@mutant(
+    "text-decode-replays-blend",
+    defect=(
+        "every decode batch replays the blended graph: tokens stay right, but text-only batches pay both experts "
+        "(the blend tax of vllm-project/vllm-omni#9764 that mask-keyed graphs remove)"
+    ),
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "keyed_decode and cpu_graph"),
+    cuda=(EXPERT_SELECTION, "-k", "keyed_decode and cuda_graph"),
+)
+def _always_blend() -> None:
+    from serving_models.ar import runner as ar_runner
+
+    ar_runner.decode_graph_key = lambda generating: ar_runner.BLEND
+
+
+@mutant(
     "capture-without-mask-fails-open",
     defect="capturing without a mask silently runs the und expert for every token instead of raising (vllm-project/vllm-omni#9764)",
     suite="fail_closed_capture",
@@ -193,10 +230,12 @@ def _decode_resets_mask() -> None:
     lm = ar.MammothModa2Qwen2ForCausalLM
     original = lm.forward
 
-    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, gen_token_mask=None, kv_cache=None):
+    def forward(
+        self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, gen_token_mask=None, kv_cache=None, **kw
+    ):
         if kv_cache is not None and input_ids is not None and input_ids.shape[1] == 1:
             inputs_embeds, input_ids = self.get_input_embeddings(input_ids), None
-        return original(self, input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache)
+        return original(self, input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache, **kw)
 
     lm.forward = forward
 

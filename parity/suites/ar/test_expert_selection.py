@@ -16,10 +16,12 @@ import torch
 
 from parity.compare import AT_MOST, count_rule, diff, equality_rule, flag_rule
 from parity.runners import make_runner
+from parity.suites.ar.decode import DecodeGraphs
 from parity.suites.ar.support import (
     CASES,
     PROMPTS,
     TOL,
+    ExpertUse,
     Prompt,
     ids_of,
     moe_taps,
@@ -27,6 +29,7 @@ from parity.suites.ar.support import (
     record_policy_not_applicable,
     routing_mismatches,
     skip_full_size_compile,
+    token_tensor,
 )
 from parity.suites.conftest import require_graph_support
 from reference_models.checkpoints import random_state_dict
@@ -137,6 +140,80 @@ def test_dummy_capture_runs_both_experts(mode: str, ar_models, report, device, t
                 site=f"layer.{site.layer}",
                 better="equal" if run_mode == "eager" else "higher",
             )
+
+
+KEYED_MODES = ("eager", "cpu_graph", "cuda_graph", "compiled_cuda_graph")
+
+
+def test_keyed_decode_graphs_route_as_reference(mode: str, ar_models, report) -> None:
+    """Mask-keyed decode graphs (vllm-project/vllm-omni#9865; docs/model.md §4): the target's decode
+    step prepared once per key it declares and batch size (graph modes capture each on all-zero
+    ids, as an engine does), every prompt fed one token per step, each step on the graph the target
+    picks from the host's per-row state (here the case's tokens, host data). Every token must be
+    routed as the reference routes it (a mixed batch replayed on the und-only graph sends its gen
+    tokens to the und expert), and a step without gen tokens must not run the gen expert (text-only
+    decode pays no blend). Rows per prompt (`keyed-decode-<prompt>`)."""
+    models = ar_models
+    if mode not in KEYED_MODES:
+        pytest.skip(f"{mode}: keyed decode graphs are checked eager and in the modes that capture a graph")
+    require_graph_support(models.target, mode)
+    skip_full_size_compile(models, mode)
+    if not getattr(models.target, "decode_graph_keys", None):
+        pytest.skip(f"the {models.target.name} target declares no mask-keyed decode graphs (decode_graph_keys)")
+    target = models.target
+    taps = moe_taps(target)
+    for site in target.moe_sites():
+        taps[f"gen.{site.layer}"] = site.gen
+    by_batch: dict[int, list[Prompt]] = {}
+    for prompt in PROMPTS:
+        by_batch.setdefault(len(prompt.rows), []).append(prompt)
+    for batch, prompts in by_batch.items():
+        target.allocate_decode_state(batch, max(len(prompt.rows[0]) for prompt in prompts))
+        with DecodeGraphs(models, mode, batch, taps=taps) as graphs:
+            for prompt in prompts:
+                _keyed_decode_prompt(report, models, mode, graphs, prompt)
+
+
+def _keyed_decode_prompt(report, models, mode: str, graphs: DecodeGraphs, prompt: Prompt) -> None:
+    """One prompt through the keyed graphs: gate rows per MoE layer and for the gen-expert calls."""
+    target = models.target
+    case = f"keyed-decode-{prompt.name}"
+    report.case, report.mode = case, mode  # an exception's error row names this case
+    host_ids = token_tensor(prompt.rows, models.config, models.size, torch.device("cpu"))
+    ids = host_ids.to(models.device)
+    batch, length = ids.shape
+    before = dict(graphs.replays)
+    per_step: list[list[ExpertUse]] = []
+    gen_calls_without_gen, und_steps = 0, 0
+    for pos in range(length):
+        generating = (host_ids[:, pos] >= models.start).tolist()
+        result = graphs.run(ids[:, pos : pos + 1], torch.full((batch,), pos, device=models.device), generating)
+        per_step.append(observe_expert_use(target, result.taps, TOL["expert_observation"]))
+        if not any(generating):
+            und_steps += 1
+            gen_calls_without_gen += sum(len(result.taps[f"gen.{site.layer}"]) for site in target.moe_sites())
+    replays = {str(key): count - before[key] for key, count in graphs.replays.items()}
+    for uses in zip(*per_step, strict=True):  # one MoE layer, every step: [B, 1] per step -> [B, L]
+        fields = ("used_gen", "matched", "distance_und", "distance_gen")
+        use = ExpertUse(uses[0].layer, *(torch.cat([getattr(u, field) for u in uses], dim=1) for field in fields))
+        bad = routing_mismatches(use, ids, models.start)
+        detail = "; ".join(bad[:12]) + (f"; ... {len(bad) - 12} more" if len(bad) > 12 else "")
+        detail = detail or f"{ids.numel()} tokens routed as the reference routes them"
+        verdict = count_rule(len(bad), 0, metric="mismatched_tokens", at=AT_MOST, detail=f"{detail}; replays per key {replays}")
+        report.verdict(verdict, case=case, mode=mode, site=f"layer.{use.layer}")
+    report.verdict(
+        count_rule(
+            gen_calls_without_gen,
+            0,
+            metric="gen_expert_calls_without_gen_tokens",
+            at=AT_MOST,
+            detail=f"gen expert calls over the {und_steps} step(s) whose batch held no gen token (they must replay a "
+            f"single-expert graph, not the blend); replays per key {replays}",
+        ),
+        case=case,
+        mode=mode,
+        better="equal",
+    )
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))

@@ -1,12 +1,19 @@
 """benchmark: what graph safety costs and what graphs and compile buy, as ratios measured in one run.
 
 1. AR decode step, batch 1 and 8, context 1024 (64 on the CPU smoke lane), und-only traffic:
-   eager single-expert dispatch, a graph of the same single-expert step, and the graph-captured
-   blend that runs both experts on every token (the blend tax: vllm-project/vllm-omni#9764 measured +25% end to
-   end on an H200). Ratios: blend / single-expert graph (the tax), blend / eager, eager / graph.
+   eager single-expert dispatch, a graph of the single-expert model (moe_type none, same
+   weights), and the two mask-keyed graphs of the MoE model (docs/model.md §4): the und-only graph
+   (what text-only batches replay; it should cost what the single-expert graph costs) and the
+   blended graph that runs both experts on every token (the blend tax: vllm-project/vllm-omni#9764
+   measured +25% end to end on an H200). On CUDA the keyed graphs are also measured compiled
+   (Inductor, then captured) at batch 1.
 2. The decode step against the HBM floor: weight and KV-cache bytes read per step over the copy
-   bandwidth measured in the same run.
+   bandwidth measured in the same run; and where the rest goes: a torch.profiler breakdown of each
+   graph's step by kernel (launches, GEMM / attention / other time), written as tables into the
+   run directory (`benchmark/decode-profile-*.txt` and `.csv`).
 3. DiT forward eager vs regional compile (the seed measured -14% on an H800, -30% on an A800).
+4. DiT attention with SDPA's native GQA vs K/V repeated per query head (the formulation the port
+   replaced), time and peak memory of one block's attention and of the whole forward, at 1024 px.
 
 Timing is never asserted: every number is a row (suite `benchmark`, raw milliseconds as info rows,
 ratios as rows without a bound). pytest-benchmark records the primary measurement of each test.
@@ -20,12 +27,14 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 
 from parity.observe.regional import compile_repeated_blocks
 from parity.runners import make_runner
+from parity.suites.benchmarks.profiling import profile_step
 from reference_models.ar.config import ar_config
 from reference_models.checkpoints import random_state_dict
 from reference_models.dit.checkpoint import random_state_dict as dit_random_state_dict
@@ -39,14 +48,24 @@ class Plan:
     context: int
     batches: tuple[int, ...]
     iterations: int
+    compiled_batches: tuple[int, ...]  # decode batches also measured compiled + captured
+    profile_steps: int
     dit_latent: int
     dit_text: int
 
 
 PLANS = {
-    "cuda": Plan(context=1024, batches=(1, 8), iterations=50, dit_latent=128, dit_text=77),
-    "cpu": Plan(context=64, batches=(1, 8), iterations=5, dit_latent=32, dit_text=16),
+    "cuda": Plan(
+        context=1024, batches=(1, 8), iterations=50, compiled_batches=(1,), profile_steps=10, dit_latent=128, dit_text=77
+    ),
+    # the CPU smoke run compiles nothing here: Inductor on the CPU is what the suites measure
+    "cpu": Plan(context=64, batches=(1, 8), iterations=5, compiled_batches=(), profile_steps=2, dit_latent=32, dit_text=16),
 }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _median_ms(fn: Callable[[], object], device: torch.device, iterations: int, warmup: int = 3) -> float:
@@ -66,6 +85,18 @@ def _median_ms(fn: Callable[[], object], device: torch.device, iterations: int, 
             fn()
             samples.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(samples)
+
+
+def _peak_mib(fn: Callable[[], object], device: torch.device) -> float | None:
+    """Memory a call allocates beyond what was allocated before it, at its peak (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    _sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    _sync(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**20
 
 
 def _copy_bandwidth(device: torch.device) -> float:
@@ -107,7 +138,39 @@ def _kv_bytes(config, batch: int, context: int, element_size: int) -> int:
     return 2 * config.num_hidden_layers * batch * context * config.num_key_value_heads * head_dim * element_size
 
 
-def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benchmark) -> None:
+def _graph_steps(adapter, mode: str, device: torch.device, ids, positions, label: str, keyed: bool) -> dict[str, object]:
+    """The adapter's decode step prepared in `mode` once per mask-keyed graph it declares (the key
+    selected through `host_prepare`, so the capture bakes it); one graph, the adapter's default,
+    for a target without keys or when `keyed` is False (the single-expert baseline)."""
+    runner = make_runner(mode, device=device, capture_registry=adapter.capture, dynamic=False)
+    keys = tuple(getattr(adapter, "decode_graph_keys", None) or (None,)) if keyed else (None,)
+    runs = {}
+    for key in keys:
+        select = None if key is None else (lambda *_inputs, key=key: adapter.select_decode_graph(key))
+        runs[key or "blend"] = runner.prepare(
+            adapter.decode_step, (ids, positions), dummy="zeros", name=f"decode_step[{label}:{key}]", host_prepare=select
+        )
+    return runs
+
+
+def _profile(report, run_dir: Path, case: str, label: str, step: Callable[[], object], device, steps: int) -> None:
+    profiled = profile_step(step, device, steps)
+    path = profiled.write(run_dir / "benchmark" / f"decode-profile-{case}-{label}", f"{case}: {label} decode step")
+    unit = "kernels" if device.type == "cuda" else "ATen ops"
+    where = {"case": case, "site": label}
+    report.info(
+        metric="launches_per_step", value=profiled.launches_per_step, detail=f"{unit} per step; table {path.name}", **where
+    )
+    for part in ("gemm", "attention", "other"):
+        report.info(
+            metric=f"{part}_ms",
+            value=profiled.category_ms(part),
+            detail=f"{unit} classified {part} by name, busy time per step ({profiled.steps} steps profiled)",
+            **where,
+        )
+
+
+def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benchmark, run_dir) -> None:
     config, blended, single = ar_pair
     device = torch.device(settings.device)
     plan = PLANS[device.type]
@@ -126,45 +189,79 @@ def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benc
         prompt = torch.randint(0, config.gen_vocab_start_index, (batch, plan.context), generator=generator).to(device)
         ids = torch.randint(0, config.gen_vocab_start_index, (batch, 1), generator=generator).to(device)  # und-only
         positions = torch.full((batch,), plan.context, dtype=torch.long, device=device)
-        timings = {}
-        for label, adapter in (("blend", blended), ("single", single)):
-            adapter.allocate_decode_state(batch, plan.context + 1)
-            adapter.prefill(prompt)
-            if label == "single":
-                timings["eager_single"] = _median_ms(
-                    lambda a=adapter, i=ids, p=positions: a.decode_step(i, p), device, plan.iterations
-                )
-            runner = make_runner(graph_mode, device=device, capture_registry=adapter.capture)
-            with runner.prepare(adapter.decode_step, (ids, positions), dummy="zeros", name=f"decode_step[{label}]") as run:
-                adapter.prefill(prompt)  # the capture wrote dummy k/v at position 0
-                timings[f"graph_{label}"] = _median_ms(lambda r=run, i=ids, p=positions: r(i, p), device, plan.iterations)
-                if label == "blend" and batch == plan.batches[0]:
-                    benchmark.pedantic(lambda r=run, i=ids, p=positions: r(i, p), rounds=plan.iterations, warmup_rounds=2)
+        generating = [False] * batch  # the host's request state: text requests only
+        timings, steps = {}, {}
+        single.allocate_decode_state(batch, plan.context + 1)
+        single.prefill(prompt)
+        timings["eager_single"] = _median_ms(lambda i=ids, p=positions: single.decode_step(i, p), device, plan.iterations)
+        modes = [(graph_mode, "graph")] + ([("compiled_cuda_graph", "compiled_graph")] if batch in plan.compiled_batches else [])
+        for mode, prefix in modes:
+            for label, adapter in (("single", single), ("moe", blended)):
+                if label == "single" and prefix != "graph":
+                    continue  # the single-expert baseline is the plain graph
+                adapter.allocate_decode_state(batch, plan.context + 1)
+                runs = _graph_steps(adapter, mode, device, ids, positions, label, keyed=label == "moe")
+                try:
+                    adapter.prefill(prompt)  # the captures wrote dummy k/v at position 0
+                    for key, run in runs.items():
+                        name = f"{prefix}_{'single' if label == 'single' else key}"
+                        steps[name] = lambda r=run, i=ids, p=positions: r(i, p)
+                        timings[name] = _median_ms(steps[name], device, plan.iterations)
+                        _profile(report, run_dir, case, name, steps[name], device, plan.profile_steps)
+                    if label == "moe" and prefix == "graph":
+                        picked = adapter.decode_graph_key(generating) if hasattr(adapter, "decode_graph_key") else "blend"
+                        report.info(
+                            case=case, metric="graph_picked_for_text_batch", value=None, detail=f"the target picks {picked!r}"
+                        )
+                        if batch == plan.batches[0]:
+                            benchmark.pedantic(steps[f"graph_{picked}"], rounds=plan.iterations, warmup_rounds=2)
+                finally:
+                    for run in runs.values():
+                        run.close()
+                    if hasattr(adapter, "select_decode_graph"):
+                        adapter.select_decode_graph(None)
         for label, ms in timings.items():
             report.info(case=case, metric=f"{label}_ms", value=ms, detail=f"median of {plan.iterations}, und-only batch")
-        ratios = {
-            "blend_tax": (
-                timings["graph_blend"] / timings["graph_single"],
-                "graph blend / graph single-expert: both experts on every token",
-            ),
-            "blend_vs_eager_single": (
-                timings["graph_blend"] / timings["eager_single"],
-                "graph blend / eager single-expert dispatch",
-            ),
-            "graph_speedup": (timings["eager_single"] / timings["graph_single"], "eager / graph replay, same single-expert step"),
-        }
-        element = next(blended.module.parameters()).element_size()
-        for label, with_gen in (("blend", True), ("single", False)):
-            step_bytes = _weight_bytes(blended, batch, with_gen) + _kv_bytes(config, batch, plan.context, element)
-            floor_ms = step_bytes / bandwidth * 1e3
-            ratios[f"hbm_floor_ratio_{label}"] = (
-                timings[f"graph_{label}"] / floor_ms,
-                f"graph {label} step / ({step_bytes / 1e9:.2f} GB read per step at {bandwidth / 1e9:.0f} GB/s = {floor_ms:.3f} ms)",
-            )
-        for metric, (value, detail) in ratios.items():
+        _decode_ratios(report, case, config, blended, batch, plan, bandwidth, timings)
+
+
+def _decode_ratios(report, case: str, config, blended, batch: int, plan: Plan, bandwidth: float, timings: dict) -> None:
+    ratios = {
+        "blend_tax": ("graph_blend", "graph_single", "graph blend / graph single-expert: both experts on every token"),
+        "und_only_vs_single": (
+            "graph_und_only",
+            "graph_single",
+            "graph und-only (the keyed graph a text batch replays) / graph of the single-expert model",
+        ),
+        "blend_vs_eager_single": ("graph_blend", "eager_single", "graph blend / eager single-expert dispatch"),
+        "graph_speedup": ("eager_single", "graph_single", "eager / graph replay, same single-expert step"),
+        "compile_speedup_und_only": ("graph_und_only", "compiled_graph_und_only", "graph / compiled graph, und-only key"),
+        "compile_speedup_blend": ("graph_blend", "compiled_graph_blend", "graph / compiled graph, blend key"),
+    }
+    for metric, (num, den, detail) in ratios.items():
+        if num in timings and den in timings:
+            value = timings[num] / timings[den]
             report.record(
-                case=case, metric=metric, value=value, detail=detail, better="lower" if "speedup" not in metric else "higher"
+                case=case, metric=metric, value=value, detail=detail, better="higher" if "speedup" in metric else "lower"
             )
+    element = next(blended.module.parameters()).element_size()
+    kv = _kv_bytes(config, batch, plan.context, element)
+    for name, ms in timings.items():
+        if name == "eager_single":
+            continue
+        with_gen = name.endswith("blend")
+        step_bytes = _weight_bytes(blended, batch, with_gen) + kv
+        floor_ms = step_bytes / bandwidth * 1e3
+        report.record(
+            case=case,
+            metric=f"hbm_floor_ratio_{name.removeprefix('graph_')}",
+            value=ms / floor_ms,
+            better="lower",
+            detail=(
+                f"{name} step / ({step_bytes / 1e9:.2f} GB read per step at {bandwidth / 1e9:.0f} GB/s = {floor_ms:.3f} ms); "
+                f"{floor_ms / ms:.2f} of the floor"
+            ),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +302,64 @@ def test_dit_regional_compile_speedup(dit_model, settings, report, benchmark) ->
         better="higher",
         detail=f"eager / regional compile; {compiled.count} TransformerBlock modules compiled",
     )
+
+
+def test_dit_attention_without_kv_copies(dit_model, settings, report, benchmark) -> None:
+    """SDPA's native GQA against K/V repeated per query head, side by side in one run: one main-stack
+    block's attention on the inputs it gets in a real forward, and the whole forward."""
+    device = torch.device(settings.device)
+    plan = PLANS[device.type]
+    adapter = dit_model
+    switches = [m for m in adapter.module.modules() if hasattr(m, "materialise_kv_heads")]
+    if not switches:
+        pytest.skip(f"the {adapter.name} DiT has no materialise_kv_heads switch to compare against")
+    config = adapter.config
+    generator = torch.Generator().manual_seed(settings.seed)
+    latents = torch.randn(1, config.in_channels, plan.dit_latent, plan.dit_latent, generator=generator).to(device, adapter.dtype)
+    timestep = torch.full((1,), 0.5, device=device, dtype=adapter.dtype)
+    text, mask = adapter.text_condition(plan.dit_text, settings.seed)
+    forward = lambda: adapter.forward(latents, timestep, text, mask)
+    attention = switches[-1]  # the last attention of the main stack: image and text tokens
+    captured: dict[str, tuple] = {}
+    hook = attention.register_forward_pre_hook(lambda _m, args: captured.setdefault("args", args))
+    try:
+        forward()
+    finally:
+        hook.remove()
+    attend = lambda: attention(*captured["args"])
+    results: dict[str, dict[str, float | None]] = {}
+    try:
+        for label, materialise in (("gqa", False), ("repeat_kv", True)):
+            for module in switches:
+                module.materialise_kv_heads = materialise
+            results[label] = {
+                "attention_ms": _median_ms(attend, device, plan.iterations),
+                "forward_ms": _median_ms(forward, device, plan.iterations),
+                "attention_peak_mib": _peak_mib(attend, device),
+                "forward_peak_mib": _peak_mib(forward, device),
+            }
+        for module in switches:
+            module.materialise_kv_heads = False
+        benchmark.pedantic(attend, rounds=plan.iterations, warmup_rounds=1)
+    finally:
+        for module in switches:
+            module.materialise_kv_heads = False
+    tokens = captured["args"][0].shape[1]
+    case = f"dit-gqa-{plan.dit_latent}x{plan.dit_latent}-text{plan.dit_text}"
+    heads = f"{attention.heads} query / {attention.kv_heads} K/V heads, {tokens} tokens"
+    for label, numbers in results.items():
+        for metric, value in numbers.items():
+            if value is not None:
+                report.info(
+                    case=case, site=label, metric=metric, value=value, detail=f"{label}; {heads}; median of {plan.iterations}"
+                )
+    for metric in results["gqa"]:
+        native, repeated = results["gqa"][metric], results["repeat_kv"][metric]
+        if native is not None and repeated:
+            report.record(
+                case=case,
+                metric=f"gqa_vs_repeat_kv_{metric.removesuffix('_ms').removesuffix('_mib')}_{'time' if metric.endswith('ms') else 'memory'}",
+                value=native / repeated,
+                better="lower",
+                detail=f"native GQA / K and V repeated per query head: {native:.3f} vs {repeated:.3f} {metric.rsplit('_', 1)[1]}; {heads}",
+            )

@@ -12,17 +12,25 @@ thread pool or CUDA context exists to be copied into a child (CUDA must not be i
 a fork). The server is started as a subprocess, never forked from the caller, so a caller that
 already holds CUDA (the GPU lane's pytest process) is fine.
 
-Protocol: one JSON object per line on the server's stdin (`{"args": [...], "log": path}`), one per
-line on its stdout (`{"code": exit code}`); EOF stops the server.
+Several sessions may run at once (`submit` returns a future; `run` waits for one): the server
+forks each request as it arrives and answers when that child exits, in any order. A caller with
+cores to spare (a serial `parity run` on a 2-core machine) keeps two children busy.
+
+Protocol: one JSON object per line on the server's stdin (`{"id": n, "args": [...], "log": path,
+"timeout": s}`), one per line on its stdout when that child ends (`{"id": n, "code": exit code}`);
+EOF stops the server once its children have ended.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
+import itertools
 import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -54,22 +62,57 @@ class PytestForkServer:
             text=True,
             bufsize=1,
         )
+        self._ids = itertools.count()
+        self._pending: dict[int, concurrent.futures.Future[int]] = {}
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read_answers, name="fork-server-answers", daemon=True)
+        self._reader.start()
 
-    def run(self, args: Sequence[str], log: str | Path, *, timeout: float | None = None) -> int:
-        """Run `pytest args` in a forked child; its stdout and stderr go to `log`. Returns the exit code."""
+    def _read_answers(self) -> None:
+        process = self._process
+        assert process.stdout is not None
+        for line in process.stdout:
+            try:
+                answer = json.loads(line)
+                key, code = int(answer["id"]), int(answer["code"])
+            except (ValueError, KeyError, TypeError) as error:
+                self._fail_all(ForkServerError(f"unexpected answer from the pytest fork server: {line!r}: {error}"))
+                return
+            with self._lock:
+                future = self._pending.pop(key, None)
+            if future is not None:
+                future.set_result(code)
+        self._fail_all(ForkServerError(f"the pytest fork server exited (code {process.wait()}) with sessions still running"))
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._lock:
+            pending, self._pending = list(self._pending.values()), {}
+        for future in pending:
+            future.set_exception(error)
+
+    def submit(self, args: Sequence[str], log: str | Path, *, timeout: float | None = None) -> concurrent.futures.Future[int]:
+        """Start `pytest args` in a forked child (stdout and stderr to `log`); the future gives its exit code."""
         process = self._process
         if process.poll() is not None:
             raise ForkServerError(f"the pytest fork server exited with code {process.returncode}")
-        assert process.stdin is not None and process.stdout is not None
-        process.stdin.write(json.dumps({"args": [str(a) for a in args], "log": str(log), "timeout": timeout}) + "\n")
-        process.stdin.flush()
-        line = process.stdout.readline()
-        if not line:
-            raise ForkServerError(f"the pytest fork server died (exit code {process.wait()}) while running {list(args)}")
+        assert process.stdin is not None
+        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        key = next(self._ids)
+        with self._lock:
+            self._pending[key] = future
+        request = {"id": key, "args": [str(a) for a in args], "log": str(log), "timeout": timeout}
         try:
-            return int(json.loads(line)["code"])
-        except (ValueError, KeyError) as error:
-            raise ForkServerError(f"unexpected answer from the pytest fork server: {line!r}") from error
+            process.stdin.write(json.dumps(request) + "\n")
+            process.stdin.flush()
+        except OSError as error:
+            with self._lock:
+                self._pending.pop(key, None)
+            raise ForkServerError(f"the pytest fork server is gone ({error}) while starting {list(args)}") from error
+        return future
+
+    def run(self, args: Sequence[str], log: str | Path, *, timeout: float | None = None) -> int:
+        """Run `pytest args` in a forked child; its stdout and stderr go to `log`. Returns the exit code."""
+        return self.submit(args, log, timeout=timeout).result()
 
     def close(self) -> None:
         process = self._process
@@ -81,6 +124,7 @@ class PytestForkServer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        self._reader.join(timeout=5)
 
     def __enter__(self) -> PytestForkServer:
         return self
@@ -112,37 +156,55 @@ def _run_child(args: list[str], log: str) -> None:
         os._exit(code)
 
 
-def _wait(pid: int, timeout: float | None) -> int:
-    """Exit code of child `pid`; kill it after `timeout` seconds (reported as 124, like timeout(1))."""
+def serve(preload: Sequence[str]) -> None:
+    """The server loop: import `preload`, then fork one child per request line on stdin, answer
+    each when it ends (after `timeout` seconds it is killed and answered 124, like timeout(1))."""
+    import selectors
     import signal
     import time
 
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, 0 if deadline is None else os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return 124
-        time.sleep(0.05)
-
-
-def serve(preload: Sequence[str]) -> None:
-    """The server loop: import `preload`, then fork one child per request line on stdin."""
     for name in preload:
         importlib.import_module(name)
-    requests, answers = sys.stdin, sys.stdout
-    for line in requests:
-        request = json.loads(line)
-        answers.flush()
-        pid = os.fork()
-        if pid == 0:
-            _run_child(request["args"], request["log"])
-        code = _wait(pid, request.get("timeout"))
-        answers.write(json.dumps({"code": code}) + "\n")
-        answers.flush()
+    answers = sys.stdout
+    stdin = sys.stdin.fileno()
+    os.set_blocking(stdin, False)
+    selector = selectors.DefaultSelector()
+    selector.register(stdin, selectors.EVENT_READ)
+    running: dict[int, tuple[int, float | None]] = {}  # pid -> (request id, deadline)
+    buffered, open_input = b"", True
+    while open_input or running:
+        if open_input:
+            for _key, _events in selector.select(timeout=0.05):
+                chunk = os.read(stdin, 65536)
+                if not chunk:
+                    open_input = False
+                    selector.unregister(stdin)
+                    break
+                buffered += chunk
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                request = json.loads(line)
+                answers.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _run_child(request["args"], request["log"])
+                timeout = request.get("timeout")
+                running[pid] = (int(request["id"]), None if timeout is None else time.monotonic() + timeout)
+        else:
+            time.sleep(0.05)
+        for pid, (key, deadline) in list(running.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+            elif deadline is not None and time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                code = 124
+            else:
+                continue
+            del running[pid]
+            answers.write(json.dumps({"id": key, "code": code}) + "\n")
+            answers.flush()
 
 
 if __name__ == "__main__":
