@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from parity.suites.sensitivity.sessions import PytestForkServer
+from parity.suites.sensitivity.sessions import ForkServerError, PytestForkServer
 
 PATCHING_TEST = """
 import json, os
@@ -24,7 +25,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     (root / "test_red.py").write_text("def test_red():\n    assert 1 == 2\n")
     (root / "test_slow.py").write_text("import time\ndef test_slow():\n    time.sleep(30)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    with PytestForkServer(cwd=root, env=env, preload=("json",)) as server:
+    with PytestForkServer(cwd=root, env=env, preload=("json",), jobs=3) as server:
         server.root = root
         yield server
 
@@ -69,3 +70,63 @@ def test_sessions_run_at_once_and_answer_in_any_order(server, tmp_path: Path) ->
     assert not held.done()  # answered out of order: the later sessions ended first
     (server.root / "release.here").touch()
     assert held.result(timeout=300) == 0
+
+
+STARTED_THEN_WAITS = """
+import os, pathlib, time
+def test_wait():
+    pathlib.Path("{name}.pid").write_text(str(os.getpid()))
+    deadline = time.monotonic() + 120
+    while not pathlib.Path("{name}.release").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+"""
+
+
+def _wait_for(path: Path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def one_job(tmp_path: Path):
+    for name in ("held", "other"):
+        (tmp_path / f"test_{name}.py").write_text(STARTED_THEN_WAITS.format(name=name))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    with PytestForkServer(cwd=tmp_path, env=env, preload=("json",), jobs=1) as server:
+        yield server, tmp_path
+
+
+def test_jobs_limit_queues_requests_until_set_jobs(one_job) -> None:
+    """With one job a second session waits in the server (its log is only created when it forks);
+    raising the limit starts it while the first still runs."""
+    server, root = one_job
+    held = server.submit(_args("test_held.py"), root / "held.log")
+    _wait_for(root / "held.pid")
+    other = server.submit(_args("test_other.py"), root / "other.log")
+    time.sleep(3)  # ample for a fork: a server that ignored the limit would have started it
+    assert not (root / "other.log").exists() and not other.done()
+    server.set_jobs(2)
+    _wait_for(root / "other.pid")
+    (root / "other.release").touch()
+    assert other.result(timeout=120) == 0
+    assert not held.done()
+    (root / "held.release").touch()
+    assert held.result(timeout=120) == 0
+
+
+def test_closing_the_server_kills_running_sessions_and_drops_queued_ones(one_job) -> None:
+    """An interrupted run closes the server: no session may outlive it."""
+    server, root = one_job
+    held = server.submit(_args("test_held.py"), root / "held.log")
+    _wait_for(root / "held.pid")
+    queued = server.submit(_args("test_other.py"), root / "other.log")
+    server.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((root / "held.pid").read_text()), 0)
+    for future in (held, queued):
+        with pytest.raises(ForkServerError):
+            future.result(timeout=10)
+    assert not (root / "other.log").exists()

@@ -13,8 +13,14 @@ a fork). The server is started as a subprocess, never forked from the caller, so
 already holds CUDA (the GPU lane's pytest process) is fine.
 
 Several sessions may run at once (`submit` returns a future; `run` waits for one): the server
-forks each request as it arrives and answers when that child exits, in any order. A caller with
-cores to spare (a serial `parity run` on a 2-core machine) keeps two children busy.
+forks up to `jobs` children at a time, queues the other requests in order, and answers each when
+its child exits, in any order. A caller with cores to spare (a serial `parity run` on a 2-core
+machine) keeps one child busy beside its own tests and two once it only waits (`set_jobs`).
+
+Closing the server's stdin (`close`, or the caller dying) kills the children still running and
+drops the queued requests, so an interrupted or failed run leaves no session behind. The server
+ignores SIGINT (a terminal's Ctrl-C reaches the whole process group): each child takes it as a
+pytest interrupt, and the caller's teardown closes the server.
 
 Protocol: one JSON object per line on the server's stdin (`{"id": n, "args": [...], "log": path,
 "timeout": s}`), one per line on its stdout when that child ends (`{"id": n, "code": exit code}`);
@@ -28,6 +34,7 @@ import importlib
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -51,10 +58,13 @@ class PytestForkServer:
         cwd: str | Path,
         env: Mapping[str, str] | None = None,
         preload: Sequence[str] = DEFAULT_PRELOAD,
+        jobs: int = 1,
     ) -> None:
+        """`jobs`: how many children run at once; further requests wait in the server, in order."""
         self.cwd = Path(cwd)
+        self.jobs = jobs
         self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__, *preload],
+            [sys.executable, "-m", __name__, f"--jobs={jobs}", *preload],
             cwd=self.cwd,
             env=dict(env if env is not None else os.environ),
             stdin=subprocess.PIPE,
@@ -110,11 +120,24 @@ class PytestForkServer:
             raise ForkServerError(f"the pytest fork server is gone ({error}) while starting {list(args)}") from error
         return future
 
+    def set_jobs(self, jobs: int) -> None:
+        """Run up to `jobs` children at once from now on (queued requests start as slots free)."""
+        process = self._process
+        assert process.stdin is not None
+        try:
+            process.stdin.write(json.dumps({"jobs": int(jobs)}) + "\n")
+            process.stdin.flush()
+        except OSError as error:
+            raise ForkServerError(f"the pytest fork server is gone ({error})") from error
+        self.jobs = jobs
+
     def run(self, args: Sequence[str], log: str | Path, *, timeout: float | None = None) -> int:
         """Run `pytest args` in a forked child; its stdout and stderr go to `log`. Returns the exit code."""
         return self.submit(args, log, timeout=timeout).result()
 
     def close(self) -> None:
+        """Stop the server; sessions still running are killed and queued ones dropped (their
+        futures fail with ForkServerError)."""
         process = self._process
         if process.poll() is None:
             assert process.stdin is not None
@@ -145,6 +168,7 @@ def _run_child(args: list[str], log: str) -> None:
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives until _exit
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stdin = open(os.devnull)  # noqa: SIM115
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the server ignores it
         import pytest
 
         code = int(pytest.main(args))
@@ -156,13 +180,16 @@ def _run_child(args: list[str], log: str) -> None:
         os._exit(code)
 
 
-def serve(preload: Sequence[str]) -> None:
-    """The server loop: import `preload`, then fork one child per request line on stdin, answer
-    each when it ends (after `timeout` seconds it is killed and answered 124, like timeout(1))."""
+def serve(preload: Sequence[str], jobs: int = 1) -> None:
+    """The server loop: import `preload`, then fork one child per request line on stdin (at most
+    `jobs` at once, the rest queued in order; a `{"jobs": n}` line changes the limit), answer each
+    when it ends (after `timeout` seconds it is killed and answered 124, like timeout(1)). At the
+    end of stdin it kills the children still running and returns."""
+    import collections
     import selectors
-    import signal
     import time
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in preload:
         importlib.import_module(name)
     answers = sys.stdout
@@ -171,27 +198,32 @@ def serve(preload: Sequence[str]) -> None:
     selector = selectors.DefaultSelector()
     selector.register(stdin, selectors.EVENT_READ)
     running: dict[int, tuple[int, float | None]] = {}  # pid -> (request id, deadline)
-    buffered, open_input = b"", True
-    while open_input or running:
-        if open_input:
-            for _key, _events in selector.select(timeout=0.05):
-                chunk = os.read(stdin, 65536)
-                if not chunk:
-                    open_input = False
-                    selector.unregister(stdin)
-                    break
-                buffered += chunk
-            while b"\n" in buffered:
-                line, buffered = buffered.split(b"\n", 1)
-                request = json.loads(line)
-                answers.flush()
-                pid = os.fork()
-                if pid == 0:
-                    _run_child(request["args"], request["log"])
-                timeout = request.get("timeout")
-                running[pid] = (int(request["id"]), None if timeout is None else time.monotonic() + timeout)
-        else:
-            time.sleep(0.05)
+    queued: collections.deque[dict] = collections.deque()
+    buffered = b""
+    while True:
+        for _key, _events in selector.select(timeout=0.05):
+            chunk = os.read(stdin, 65536)
+            if not chunk:  # the caller closed the server or died: nobody waits for these sessions
+                for pid in running:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                return
+            buffered += chunk
+        while b"\n" in buffered:
+            line, buffered = buffered.split(b"\n", 1)
+            request = json.loads(line)
+            if "jobs" in request:
+                jobs = max(1, int(request["jobs"]))
+            else:
+                queued.append(request)
+        while queued and len(running) < jobs:
+            request = queued.popleft()
+            answers.flush()
+            pid = os.fork()
+            if pid == 0:
+                _run_child(request["args"], request["log"])
+            timeout = request.get("timeout")
+            running[pid] = (int(request["id"]), None if timeout is None else time.monotonic() + timeout)
         for pid, (key, deadline) in list(running.items()):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
@@ -208,4 +240,5 @@ def serve(preload: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1:])
+    _jobs = [arg for arg in sys.argv[1:] if arg.startswith("--jobs=")]
+    serve([arg for arg in sys.argv[1:] if arg not in _jobs], int(_jobs[-1].split("=", 1)[1]) if _jobs else 1)

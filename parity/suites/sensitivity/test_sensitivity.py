@@ -13,123 +13,41 @@ selections under three other seeds (no false alarms). vllm-project/vllm-omni#745
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pytest
 
 from parity.compare import NOT_APPLICABLE, Verdict, flag_rule
-from parity.env import PROJECT_ROOT
-from parity.plugin.options import plugin_load_args
-from parity.report import read_results
-from parity.suites.sensitivity.catalogue import Kill, NotApplicable, all_mutants, lane_of
-from parity.suites.sensitivity.sessions import DEFAULT_PRELOAD, PytestForkServer
+from parity.suites.sensitivity.catalogue import NotApplicable, lane_of
+from parity.suites.sensitivity.runs import (
+    CATALOGUE,
+    CONTROL_SEEDS,
+    EARLY_SESSIONS,
+    ChildSessions,
+    control_args,
+    control_selections,
+    mutant_args,
+    parallel_sessions,
+)
 
 pytestmark = [pytest.mark.suite("sensitivity"), pytest.mark.slow]
-
-CATALOGUE = all_mutants()
-CONTROL_SEEDS = (1, 2, 3)
-CHILD_TIMEOUT_S = 900
-# The suites' own modules as well: each child then starts with its collection imports done.
-PRELOAD = (*DEFAULT_PRELOAD, "parity.suites.conftest", "parity.suites.sensitivity.catalogue")
-
-
-def parallel_sessions() -> int:
-    """How many child sessions to keep running at once: the cores this process may use, when it
-    is the only test process (a serial run); one per xdist worker, whose siblings use the others.
-    PARITY_SENSITIVITY_JOBS overrides it."""
-    override = os.environ.get("PARITY_SENSITIVITY_JOBS")
-    if override:
-        return max(1, int(override))
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return 1
-    return max(1, min(len(os.sched_getaffinity(0)), 4))
-
-
-class ChildSessions:
-    """The module's isolated pytest sessions, on one pre-imported fork server. With cores to spare
-    every selected test's sessions are started up front (the controls, the longest, first) and each
-    test collects its own; otherwise each test runs its sessions when it runs."""
-
-    def __init__(self, server: PytestForkServer, settings, parallel: int) -> None:
-        self.server, self.settings, self.parallel = server, settings, parallel
-        self.started: dict[tuple, tuple[Any, Path]] = {}
-
-    def argv(self, args: list[str], kill: Kill, out: Path) -> list[str]:
-        argv = [
-            *plugin_load_args(),  # a checkout run without installing (the GPU box) has no entry point
-            *args,
-            "-p",
-            "no:cacheprovider",
-            "--parity-report-dir",
-            str(out),
-            "--parity-run-id",
-            "child",
-            "--parity-device",
-            self.settings.device,
-            "--parity-size",
-            kill.size,
-            "--parity-no-summary",
-            "-q",
-        ]
-        return argv + (["--parity-dtype", kill.dtype] if kill.dtype else [])
-
-    def start(self, key: tuple, args: list[str], kill: Kill, out: Path) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        future = self.server.submit(self.argv(args, kill, out), out / "child.log", timeout=CHILD_TIMEOUT_S)
-        self.started[key] = (future, out)
-
-    def result(self, key: tuple, args: list[str], kill: Kill, out: Path) -> tuple[int, pd.DataFrame | None, str]:
-        """The session's exit code, its rows and the tail of its log (started now if it was not)."""
-        if key not in self.started:
-            self.start(key, args, kill, out)
-        future, out = self.started.pop(key)
-        code = future.result()
-        results = out / "child" / "results.csv"
-        rows = read_results(results.parent) if results.exists() else None
-        log = out / "child.log"
-        lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
-        return code, rows, " | ".join(lines[-3:])
 
 
 @pytest.fixture(scope="module")
 def sessions(request: pytest.FixtureRequest, settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChildSessions]:
-    """One pre-imported server for this module's isolated pytest sessions."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
-    with PytestForkServer(cwd=PROJECT_ROOT, env=env, preload=PRELOAD) as server:
-        children = ChildSessions(server, settings, parallel_sessions())
+    """The run's isolated pytest sessions: those a serial run started at its first test
+    (`parity/suites/conftest.py`), else a server of this module's own."""
+    early = request.config.stash.get(EARLY_SESSIONS, None)
+    if early is not None:
+        early.all_cores()
+        yield early
+        return
+    with ChildSessions.open(settings, parallel_sessions(settings.device)) as children:
         if children.parallel > 1 and settings.target == "serving":
-            _start_selected(children, request, tmp_path_factory)
+            children.start_selected(request.session.items, tmp_path_factory)
         yield children
-
-
-def _start_selected(children: ChildSessions, request: pytest.FixtureRequest, tmp_path_factory) -> None:
-    """Start the sessions of every test of this module the run selected, longest first."""
-    lane = lane_of(children.settings.device)
-    mine = [item for item in request.session.items if item.module is request.module and hasattr(item, "callspec")]
-    seeds = [item.callspec.params["seed"] for item in mine if "seed" in item.callspec.params]
-    names = [item.callspec.params["name"] for item in mine if "name" in item.callspec.params]
-    for seed in seeds:
-        for index, (config, selection) in enumerate(control_selections(lane).items()):
-            out = tmp_path_factory.mktemp(f"control-{seed}-{index}")
-            children.start(("control", seed, index), _control_args(selection, seed), config, out)
-    for name in names:
-        kill = CATALOGUE[name].on(lane)
-        if isinstance(kill, Kill):
-            children.start(("mutant", name), _mutant_args(name, kill), kill, tmp_path_factory.mktemp(f"mutant-{name}"))
-
-
-def _mutant_args(name: str, kill: Kill) -> list[str]:
-    return [*kill.tests, "--parity-target", CATALOGUE[name].target, "-x"]
-
-
-def _control_args(selection: list[str], seed: int) -> list[str]:
-    return [*selection, "--parity-target", "serving", "--parity-seed", str(seed)]
 
 
 def _failing(rows: pd.DataFrame | None, suite: str | None = None) -> pd.DataFrame:
@@ -158,7 +76,7 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
             better="equal",
         )
         return
-    code, rows, tail = sessions.result(("mutant", name), _mutant_args(name, kill), kill, tmp_path)
+    code, rows, tail = sessions.result(("mutant", name), mutant_args(name, kill), kill, tmp_path)
     killers = _failing(rows, mutant.suite)
     killed = code != 0 and not killers.empty
     where = f"{lane} lane, {kill.size}" + (f" {kill.dtype}" if kill.dtype else "")
@@ -177,40 +95,13 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
     )
 
 
-def control_selections(lane: str) -> dict[Kill, list[str]]:
-    """Every test the lane's mutants are checked with, one pytest selection per configuration
-    (size, dtype): the files, and each mutant's `-k` applied to its own file only
-    (`parity/suites/sensitivity/selection.py`)."""
-    groups: dict[tuple[str, str | None], tuple[list[str], list[tuple[str, str | None]]]] = {}
-    for mutant in CATALOGUE.values():
-        kill = mutant.on(lane)
-        if isinstance(kill, NotApplicable):
-            continue
-        files, selections = groups.setdefault(kill.config, ([], []))
-        path, *rest = kill.tests
-        files.append(path)
-        expression = rest[rest.index("-k") + 1] if "-k" in rest else None
-        if (path, expression) not in selections:
-            selections.append((path, expression))
-    return {
-        Kill((), size=size, dtype=dtype): [
-            *dict.fromkeys(files),
-            "-p",
-            "parity.suites.sensitivity.selection",
-            "--kill-selections",
-            json.dumps(selections),
-        ]
-        for (size, dtype), (files, selections) in groups.items()
-    }
-
-
 @pytest.mark.parametrize("seed", CONTROL_SEEDS)
 def test_correct_target_raises_no_alarm(seed: int, report, settings, sessions, tmp_path: Path) -> None:
     lane = lane_of(settings.device)
     alarms, cases, exits, tails = [], 0, [], []
     for index, (config, selection) in enumerate(control_selections(lane).items()):
         out = tmp_path / f"config-{index}"
-        code, rows, tail = sessions.result(("control", seed, index), _control_args(selection, seed), config, out)
+        code, rows, tail = sessions.result(("control", seed, index), control_args(selection, seed), config, out)
         exits.append(code)
         if rows is None:
             tails.append(f"{config.size}/{config.dtype or 'lane dtype'}: no rows ({tail[:200]})")

@@ -1,0 +1,114 @@
+"""When a run starts the sensitivity suite's sessions early (`parity/suites/sensitivity/runs.py`):
+only a serial CPU run of the serving target with sensitivity tests selected, on all cores but one,
+and the server is stopped when the run ends, however it ends."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from parity.suites.sensitivity import runs
+
+
+class FakeSessions:
+    def __init__(self, parallel: int, jobs: int | None) -> None:
+        self.parallel, self.jobs, self.selected, self.closed = parallel, jobs, None, False
+
+    def start_selected(self, items, tmp_path_factory) -> int:
+        self.selected = list(items)
+        return len(self.selected)
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[FakeSessions]:
+    servers: list[FakeSessions] = []
+
+    @contextmanager
+    def fake_open(settings, parallel, jobs=None):
+        servers.append(FakeSessions(parallel, jobs))
+        try:
+            yield servers[-1]
+        finally:
+            servers[-1].closed = True
+
+    monkeypatch.setattr(runs.ChildSessions, "open", fake_open)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setenv("PARITY_SENSITIVITY_JOBS", "2")
+    return servers
+
+
+def _session(*names: str) -> SimpleNamespace:
+    return SimpleNamespace(
+        items=[SimpleNamespace(path=Path("parity/suites/x") / n) for n in names], config=SimpleNamespace(stash=pytest.Stash())
+    )
+
+
+def _settings(device: str = "cpu", target: str = "serving") -> SimpleNamespace:
+    return SimpleNamespace(device=device, target=target)
+
+
+def test_a_serial_cpu_run_starts_the_selected_sessions_on_the_spare_cores(opened) -> None:
+    session = _session("test_numerics.py", "test_sensitivity.py")
+    with runs.start_early(session, _settings(), tmp_path_factory=None):
+        (server,) = opened
+        assert (server.parallel, server.jobs) == (2, 1)  # one core stays with the run's own tests
+        assert [item.path.name for item in server.selected] == ["test_sensitivity.py"]
+        assert session.config.stash[runs.EARLY_SESSIONS] is server
+        assert not server.closed
+    assert server.closed and runs.EARLY_SESSIONS not in session.config.stash
+
+
+def test_a_failing_or_interrupted_run_still_stops_the_server(opened) -> None:
+    session = _session("test_sensitivity.py")
+    with pytest.raises(KeyboardInterrupt), runs.start_early(session, _settings(), tmp_path_factory=None):
+        raise KeyboardInterrupt
+    assert opened[0].closed and runs.EARLY_SESSIONS not in session.config.stash
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["xdist worker", "cuda", "sensitivity deselected", "reference target", "one core"],
+)
+def test_nothing_starts_early(case: str, opened, monkeypatch: pytest.MonkeyPatch) -> None:
+    session, settings = _session("test_numerics.py", "test_sensitivity.py"), _settings()
+    if case == "xdist worker":
+        monkeypatch.delenv("PARITY_SENSITIVITY_JOBS")
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    elif case == "cuda":
+        monkeypatch.delenv("PARITY_SENSITIVITY_JOBS")
+        settings = _settings(device="cuda")
+    elif case == "sensitivity deselected":
+        session = _session("test_numerics.py")
+    elif case == "reference target":
+        settings = _settings(target="reference")
+    else:
+        monkeypatch.setenv("PARITY_SENSITIVITY_JOBS", "1")
+    with runs.start_early(session, settings, tmp_path_factory=None):
+        assert runs.EARLY_SESSIONS not in session.config.stash
+    assert opened == []
+
+
+def test_child_sessions_never_start_sessions_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's environment pins one job, so a child session's own fixture stays idle."""
+    seen = {}
+
+    class Server:
+        def __init__(self, *, cwd, env, preload, jobs) -> None:
+            seen.update(env=env, jobs=jobs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    monkeypatch.setattr(runs, "PytestForkServer", Server)
+    with runs.ChildSessions.open(_settings(), 2, jobs=1) as children:
+        assert children.parallel == 2
+    assert seen["jobs"] == 1 and seen["env"]["PARITY_SENSITIVITY_JOBS"] == "1"
+    monkeypatch.setenv("PARITY_SENSITIVITY_JOBS", seen["env"]["PARITY_SENSITIVITY_JOBS"])
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    assert runs.parallel_sessions("cpu") == 1
