@@ -37,6 +37,7 @@ from parity.suites.ar.decode import (
     judge_teacher_forced,
     reference_decode,
     teacher_forced_step_logits,
+    tie_verdict,
     write_teacher_forced,
 )
 from parity.suites.ar.support import CASES, ARModels, build_ar_models
@@ -302,3 +303,36 @@ def test_the_decode_suite_goes_red_on_a_late_decode_defect(tmp_path: Path) -> No
         assert list(compared["value"]) == [STEPS] and list(compared["verdict"]) == [PASS]
     assert set(gates["mode"]) == {"eager", "cpu_graph"}
     assert set(gates["case"]) == set(prompt_length)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tie rule with noise measured at the flipping step (bf16 at full size: margins of 3 spacings)
+# ---------------------------------------------------------------------------------------------
+
+
+def _flip_at_three_spacings(target_noise: float) -> tuple[torch.Tensor, ...]:
+    """One bf16 step over a 4096-token vocabulary: the golden's top two 0.01 apart at |logit| 5, the
+    reference picks token 0 by 0.094 (3 bf16 spacings at 5), the target token 1; both carry
+    rounding-like noise of 0.05 elsewhere, the target `target_noise`."""
+    gen = torch.Generator().manual_seed(0)
+    golden = 2 * torch.randn(1, 1, 4096, generator=gen, dtype=torch.float64).clamp(-2, 2)
+    golden[..., 0], golden[..., 1] = 5.06, 5.05
+    want = (golden + 0.05 * torch.randn(golden.shape, generator=gen, dtype=torch.float64)).to(torch.bfloat16)
+    got = (golden + target_noise * torch.randn(golden.shape, generator=gen, dtype=torch.float64)).to(torch.bfloat16)
+    want[..., 0], want[..., 1] = 5.125, 5.03125
+    got[..., 0], got[..., 1] = 5.0, 5.0625
+    return golden, want, got, torch.tensor([[0]]), torch.tensor([[1]])
+
+
+def test_a_flip_inside_the_noise_measured_at_that_step_is_a_tie_flip() -> None:
+    golden, want, got, want_tokens, got_tokens = _flip_at_three_spacings(0.05)
+    verdict, detail = tie_verdict(torch.bfloat16, want, want_tokens, got_tokens, 0, golden, got)
+    assert verdict == TIE_FLIP and "measured noise" in detail
+    # the spacing rule alone (no golden) calls the same flip a failure: 3 spacings > 2
+    assert tie_verdict(torch.bfloat16, want, want_tokens, got_tokens, 0)[0] == FAIL
+
+
+def test_a_target_above_the_noise_floor_gets_no_noise_allowance_for_its_flip() -> None:
+    golden, want, got, want_tokens, got_tokens = _flip_at_three_spacings(0.5)  # ten times the reference's noise
+    verdict, detail = tie_verdict(torch.bfloat16, want, want_tokens, got_tokens, 0, golden, got)
+    assert verdict == FAIL and "not counted" in detail

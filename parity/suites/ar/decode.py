@@ -165,9 +165,20 @@ def first_divergence(want: torch.Tensor, got: torch.Tensor) -> int | None:
 
 
 def tie_verdict(
-    dtype: torch.dtype, want_logits: torch.Tensor, want: torch.Tensor, got: torch.Tensor, step: int
+    dtype: torch.dtype,
+    want_logits: torch.Tensor,
+    want: torch.Tensor,
+    got: torch.Tensor,
+    step: int,
+    golden: torch.Tensor | None = None,
+    got_logits: torch.Tensor | None = None,
 ) -> tuple[str, str]:
-    """Classify the first differing step by the reference's top-1 vs top-2 margin at that step."""
+    """Classify the first differing step by the reference's top-1 vs top-2 margin at that step.
+
+    With the golden's and the target's logits at that step (same context: the tokens agree before
+    it), the margin is also held against noise measured there: the reference's and the target's
+    largest distance from the golden, summed. That holds only while the target's logits at the
+    step pass the golden noise floor themselves, so a defect cannot widen its own allowance."""
     details, verdicts = [], []
     for row in range(want.shape[0]):
         if want[row, step] == got[row, step]:
@@ -175,11 +186,22 @@ def tie_verdict(
         top2 = want_logits[row, step].double().topk(2)
         margin = float(top2.values[0] - top2.values[1])
         magnitude = float(top2.values[0].abs())
-        verdict = classify_decision(margin, magnitude, dtype, SETTINGS.tie_spacings)
+        measured, noise_text = 0.0, ""
+        if golden is not None and got_logits is not None:
+            exact = golden[row, step].double()
+            ref_dev = float((want_logits[row, step].double() - exact).abs().max())
+            tgt_dev = float((got_logits[row, step].double() - exact).abs().max())
+            in_noise = judge(got_logits[row, step], want_logits[row, step], golden[row, step], name=f"row {row} step {step}")
+            measured = ref_dev + tgt_dev if in_noise.ok else 0.0
+            noise_text = (
+                f", measured noise {ref_dev:.3g} (reference) + {tgt_dev:.3g} (target) from the golden"
+                + ("" if in_noise.ok else f" not counted: the target's step logits are above the noise floor ({in_noise.detail})")
+            )
+        verdict = classify_decision(margin, magnitude, dtype, SETTINGS.tie_spacings, measured)
         verdicts.append(verdict)
         details.append(
             f"row {row} step {step}: reference {int(want[row, step])} vs target {int(got[row, step])}, "
-            f"top-2 margin {margin:.3g} at |logit| {magnitude:.3g} ({verdict})"
+            f"top-2 margin {margin:.3g} at |logit| {magnitude:.3g}{noise_text} ({verdict})"
         )
     worst = FAIL if FAIL in verdicts else TIE_FLIP
     return worst, "; ".join(details) + f" [{SETTINGS.reason}]"
@@ -195,7 +217,9 @@ def judge_free_running(
     if diverged is None:
         verdict, detail = PASS, f"all {steps} greedy tokens of {batch} row(s) equal the reference's"
     else:
-        verdict, detail = tie_verdict(models.dtype, reference.step_logits, reference.tokens, tokens, diverged)
+        verdict, detail = tie_verdict(
+            models.dtype, reference.step_logits, reference.tokens, tokens, diverged, reference.golden, step_logits
+        )
     matched_verdict = Verdict(verdict, "matched_steps", matched, steps, detail)
 
     if matched == 0:
