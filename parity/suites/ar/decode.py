@@ -193,9 +193,8 @@ def tie_verdict(
             tgt_dev = float((got_logits[row, step].double() - exact).abs().max())
             in_noise = judge(got_logits[row, step], want_logits[row, step], golden[row, step], name=f"row {row} step {step}")
             measured = ref_dev + tgt_dev if in_noise.ok else 0.0
-            noise_text = (
-                f", measured noise {ref_dev:.3g} (reference) + {tgt_dev:.3g} (target) from the golden"
-                + ("" if in_noise.ok else f" not counted: the target's step logits are above the noise floor ({in_noise.detail})")
+            noise_text = f", measured noise {ref_dev:.3g} (reference) + {tgt_dev:.3g} (target) from the golden" + (
+                "" if in_noise.ok else f" not counted: the target's step logits are above the noise floor ({in_noise.detail})"
             )
         verdict = classify_decision(margin, magnitude, dtype, SETTINGS.tie_spacings, measured)
         verdicts.append(verdict)

@@ -24,6 +24,7 @@ from parity.suites.ar.support import (
     ExpertUse,
     Prompt,
     ids_of,
+    judge,
     moe_taps,
     observe_expert_use,
     record_policy_not_applicable,
@@ -78,8 +79,7 @@ def test_expert_selection(prompt: Prompt, mode: str, ar_models, report) -> None:
     skip_full_size_compile(models, mode)
     report.case, report.mode = prompt.name, mode  # an exception's error row names this case
     eager = make_runner("eager", device=models.device)
-    # off fp32 the graph-vs-eager logits are held to the HF bf16 bound (two roundings of bf16 GEMMs)
-    tol = TOL[GRAPH_TOL.get(mode, "graph_vs_eager_fp32")] if models.dtype == torch.float32 else TOL["graph_vs_eager_bf16"]
+    tol = TOL[GRAPH_TOL.get(mode, "graph_vs_eager_fp32")]
     ids = models.ids(prompt.rows)
     with _prepare(models, mode, models.target.forward, (ids,), moe_taps(models.target), "forward") as prepared:
         result = prepared(ids)
@@ -87,8 +87,33 @@ def test_expert_selection(prompt: Prompt, mode: str, ar_models, report) -> None:
     if mode != "eager":
         with eager.prepare(models.target.forward, (ids,)) as reference_run:
             want = reference_run(ids).output.logits
-        measured = diff(want, result.output.logits, tol, name="logits vs eager dispatch")
-        report.diff(measured, case=prompt.name, mode=mode, site="logits")
+        if models.dtype == torch.float32:
+            measured = diff(want, result.output.logits, tol, name="logits vs eager dispatch")
+            report.diff(measured, case=prompt.name, mode=mode, site="logits")
+        else:
+            _judge_against_golden(report, models, mode, prompt.name, ids, want, result.output.logits)
+
+
+def _judge_against_golden(report, models, mode: str, case: str, ids, eager_logits, graph_logits) -> None:
+    """Half precision: the graph's logits may be at most the noise-floor multiplier times as far
+    from the fp64 golden as eager dispatch's are (`judge`). A fixed bound does not hold here:
+    rounding of bf16 GEMMs of other shapes (the blend runs each expert on every row, eager dispatch
+    on the gathered rows) compounds over the layers (0.07 max abs on the 28-layer model's logits on
+    the H200), while the other expert moves a row by far more than eager dispatch's own distance."""
+    golden = models.golden.forward(ids).logits
+    verdict = judge(graph_logits, eager_logits, golden, name="logits vs eager dispatch, judged against the fp64 golden")
+    report.verdict(verdict, case=case, mode=mode, site="logits")
+    measured = diff(eager_logits, graph_logits, name="logits vs eager dispatch")
+    for metric in ("max_abs", "mean_abs", "rel_l2", "cosine", "max_ulp"):
+        report.info(
+            case=case,
+            mode=mode,
+            site="logits",
+            metric=metric,
+            value=getattr(measured, metric),
+            verdict=verdict.verdict,
+            better="higher" if metric == "cosine" else "lower",
+        )
 
 
 @pytest.mark.parametrize("mode", ["cpu_graph", "cuda_graph"])
