@@ -20,6 +20,22 @@ from tests.runners_toys import GEN_START, WIDTH, BranchFree, HostRead, RepeatedC
 FAST_BACKEND = "aot_eager"
 
 
+def test_a_recorded_graph_takes_its_tap_hooks_off_the_modules():
+    """Two graphs recorded over the same modules (as the keyed decode graphs are): the first's hooks
+    are gone once it is recorded, so the second's capture does not record into the first's taps
+    (under Dynamo each such call failed a guard on the store and recompiled, up to the limit)."""
+    module = RepeatedCall()
+    ids = torch.tensor([1, 4, 15])
+    taps = {"embed": module.embed, "step": module.step}
+    first = make_runner("cpu_graph", device="cpu").prepare(module.forward, (ids,), taps=taps)
+    assert not module.step._forward_hooks and not module.embed._forward_hooks
+    second = make_runner("cpu_graph", device="cpu").prepare(module.forward, (ids,), taps=taps)
+    module(ids)  # an eager call between replays records nowhere
+    assert [len(first(ids).taps[k]) for k in taps] == [1, 3] == [len(second(ids).taps[k]) for k in taps]
+    first.close()
+    second.close()
+
+
 @pytest.mark.parametrize("mode", CPU_MODES)
 def test_every_cpu_mode_matches_eager_with_taps(mode):
     module = RepeatedCall()

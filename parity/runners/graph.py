@@ -53,7 +53,14 @@ class GraphRun(PreparedRun):
         self.probe_during_capture: bool | None = None
         self.layout: OutputLayout | None = None
         self._prepare_host(self.static.buffers)
-        self._record(RecordedFunction(fn, taps), registry)
+        try:
+            self._record(RecordedFunction(fn, taps), registry)
+        finally:
+            # A replay runs no Python, so the hooks have done their work: the recorded taps are
+            # outputs of the graph. Left on the modules they would record every later call of them
+            # (another graph's capture of the same modules, as the keyed decode graphs are), and
+            # under Dynamo each call that grows their store fails a guard and recompiles.
+            taps.remove()
 
     def _record(self, recorded: RecordedFunction, registry: Any | None) -> None:
         """Record `recorded` on the static buffers; set `self.layout` and `self.probe_during_capture`."""
