@@ -45,10 +45,14 @@ class Inspection:
 
 
 def _mapping(label: str, adapter: Any, family_names: set[str], present: set[str]) -> list[str]:
-    read = {name for names in adapter.weight_name_map().values() for name in names}
+    name_map = getattr(adapter, "weight_name_map", None)
+    if name_map is None:  # the DiT loaders refuse a missing or an unexpected tensor: loading read them all
+        read, how = set(family_names), " (every tensor: the loader refuses missing and unexpected ones)"
+    else:
+        read, how = {name for names in name_map().values() for name in names}, ""
     matched, missing = sorted(read & present), sorted(read - present)
     unused = sorted(family_names - read)
-    lines = [f"    {label}: matched {len(matched)}, unused {len(unused)}, missing {len(missing)}"]
+    lines = [f"    {label}: matched {len(matched)}, unused {len(unused)}, missing {len(missing)}{how}"]
     if unused:
         lines.append(f"      unused: {_groups(unused)}: {_names(unused)}")
     if missing:
@@ -81,8 +85,10 @@ def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", devi
         own = {n: family.local_name(n) for n in names}
         own = {n: found for n, found in own.items() if found is not None}
         keys = [k for k in family.config_keys if k in data]
-        if not own and not (layout == "release" and keys):
-            lines.append(f"{family.name}: not in this checkpoint")
+        if not own:  # a release DiT directory states the LLM's width in llm_config without holding the LLM
+            lines.append(
+                f"{family.name}: not in this checkpoint" + (f" (config keys {', '.join(keys)}, no tensors)" if keys else "")
+            )
             continue
         read_keys.update(keys)
         claimed.update(own)

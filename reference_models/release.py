@@ -363,7 +363,8 @@ def write_release_checkpoint(
     tensors: dict[str, torch.Tensor] = {}
     for name in families:
         keys, family_tensors = FAMILIES[name].write(size, seed)
-        config.update(keys)
+        for key, value in keys.items():  # a section two families write (llm_config): the first one's stays
+            config.setdefault(key, value)
         tensors.update(family_tensors)
     out_dir = Path(out_dir)
     hf_checkpoint.save_state_dict(out_dir, tensors, max_shard_bytes=max_shard_bytes)
@@ -379,6 +380,103 @@ FAMILIES["ar"] = ReleaseFamily(
     rules=AR_RULES,
     reference_loader=_reference_ar,
     write=_write_ar,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The DiT family: gen_dit_config, gen_vae_config, gen_axes_*, the LLM width (reference_models/dit/release.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_dit(data: Mapping[str, Any], source: str = CONFIG_FILE) -> ParsedConfig:
+    """The DiT config of a release config.json (docs/model.md §10), or of parity's flat DiT one."""
+    from reference_models.dit import release as dit_release
+    from reference_models.dit.config import DiTConfig
+
+    if not dit_release.is_release_config(data):
+        config = DiTConfig.from_json_dict(dict(data), source=source)
+        fields = [f.name for f in dataclasses.fields(config) if f.name not in ("decoder", "name")]
+        return ParsedConfig(config, {name: (getattr(config, name), name) for name in fields}, {})
+    config, notes = dit_release.config_from_release(data, source)
+    given = data.get("gen_dit_config") or {}
+    recognised: dict[str, tuple[Any, str]] = {}
+    for field in dataclasses.fields(config):
+        if field.name in ("decoder", "name"):
+            continue
+        if field.name == "axes_lens":
+            where = "gen_axes_lens" if "gen_axes_lens" in data else "default (the release sampler's 10000 per axis)"
+        elif field.name == "text_feat_dim" and dit_release._llm_width(data) is not None:
+            where = "llm_config text width (the caption embedder is re-created for it)"
+        elif field.name == "rope_theta":
+            where = "hard-coded upstream"
+        else:
+            where = f"gen_dit_config.{field.name}" if field.name in given else "default (diffusers Transformer2DModel)"
+        recognised[field.name] = (getattr(config, field.name), where)
+    for name in ("latent_channels", "scaling_factor", "shift_factor"):
+        source_key = "gen_vae_config." + name if name in (data.get("gen_vae_config") or {}) else "default"
+        recognised[f"decoder.{name}"] = (getattr(config.decoder, name), source_key)
+    paths = {key: key if key in data or key.startswith("gen_dit_config.") else f"gen_dit_config.{key}" for key in notes}
+    ignored = {paths[key]: _lookup(data, paths[key]) for key in notes}
+    return ParsedConfig(config, recognised, ignored, {paths[key]: reason for key, reason in notes.items()})
+
+
+def _lookup(data: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted key path of a config ("gen_dit_config.axes_lens"), or of a top-level key."""
+    if path in data:
+        return data[path]
+    value: Any = data
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def _dit_rules() -> tuple[TensorRule, ...]:
+    from reference_models.dit import release as dit_release
+
+    unused = tuple(
+        TensorRule(prefix, None, reason) for prefix, reason in dit_release.UNUSED_TENSORS if not prefix.startswith("llm_model.")
+    )
+    return (
+        *unused,  # the more specific prefixes first: they sit under gen_transformer.
+        TensorRule(dit_release.TRANSFORMER_PREFIX, ""),
+        TensorRule(dit_release.DECODER_PREFIX, dit_release.DECODER_PREFIX, ""),
+    )
+
+
+def _reference_dit(directory: Path, device: Any, dtype: Any) -> Any:
+    from reference_models.dit.adapter import ReferenceDiT
+
+    return ReferenceDiT.load(directory, device, dtype)
+
+
+def _write_dit(size: str, seed: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    from reference_models.dit import release as dit_release
+    from reference_models.dit.checkpoint import random_state_dict
+    from reference_models.dit.config import config_for_size
+
+    config = config_for_size(size)
+    state = random_state_dict(config, seed)
+    keys = dit_release.release_config_dict(config)
+    for name in ("model_type", "architectures"):
+        keys.pop(name, None)
+    return keys, dit_release.release_state_dict(config, state, seed)
+
+
+FAMILIES["dit"] = ReleaseFamily(
+    name="dit",
+    target_loader="load_dit",
+    config_keys=(
+        "gen_dit_config",
+        "gen_vae_config",
+        "gen_axes_dim_rope",
+        "gen_axes_lens",
+        "parity_stand_in_decoder",
+        "llm_config",
+    ),
+    parse=parse_dit,
+    rules=_dit_rules(),
+    reference_loader=_reference_dit,
+    write=_write_dit,
 )
 
 

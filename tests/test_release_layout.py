@@ -71,15 +71,20 @@ def test_inspect_checkpoint_lists_config_and_mapping_and_exits_0(release_dir: Pa
 
 def test_tensors_the_ar_does_not_use_are_listed_and_a_missing_one_fails(release_dir: Path, tmp_path: Path) -> None:
     extra = copy_dir(release_dir, tmp_path / "extra")
-    save_file(
-        {"llm_model.model.visual.blocks.0.mlp.weight": torch.zeros(2, 2), "gen_transformer.x_embedder.weight": torch.zeros(2)},
-        str(extra / "other.safetensors"),
-    )
-    add_to_index(extra, "other.safetensors", ["llm_model.model.visual.blocks.0.mlp.weight", "gen_transformer.x_embedder.weight"])
+    save_file({"llm_model.model.visual.blocks.0.mlp.weight": torch.zeros(2, 2)}, str(extra / "other.safetensors"))
+    add_to_index(extra, "other.safetensors", ["llm_model.model.visual.blocks.0.mlp.weight"])
     result = run_parity(["inspect-checkpoint", str(extra)])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "not used (vision tower: image understanding is out of parity's scope): llm_model.model.* (1)" in result.stdout
-    assert "tensors no family claims (1): gen_transformer.x_embedder.* (1)" in result.stdout
+
+    # a tensor no family knows is listed, and the serving loader refuses it by name (exit 1)
+    unknown = copy_dir(release_dir, tmp_path / "unknown")
+    save_file({"other_model.x_embedder.weight": torch.zeros(2)}, str(unknown / "other.safetensors"))
+    add_to_index(unknown, "other.safetensors", ["other_model.x_embedder.weight"])
+    result = run_parity(["inspect-checkpoint", str(unknown)])
+    assert result.returncode == 1
+    assert "tensors no family claims (1): other_model.x_embedder.* (1)" in result.stdout
+    assert "unexpected 1 tensor(s): other_model.x_embedder.weight" in result.stdout
 
     broken = copy_dir(release_dir, tmp_path / "broken")
     index_path = broken / "mammoth.safetensors.index.json"
@@ -220,3 +225,20 @@ def test_gen_start_other_than_the_table_size(vocab_size: int, start: int) -> Non
     assert bool((want.tokens >= start).any()), "the prompt must decode into gen tokens for the mapping to matter"
     valid = (want.tokens < min(vocab_size, start)) | ((want.tokens >= start) & (want.tokens < start + 64))
     assert bool(valid.all()), want.tokens
+
+
+def test_a_release_dit_directory_is_inspected_and_loaded(tmp_path: Path) -> None:
+    """`make-checkpoint dit --layout release` (the DiT under gen_transformer., the release's unused
+    DiT tensors included): inspect-checkpoint reads its config keys, lists every unused tensor with
+    its reason, and both implementations load it."""
+    directory = tmp_path / "dit-release"
+    assert run_parity(["make-checkpoint", "dit", str(directory), "--layout", "release"]).returncode == 0
+    result = run_parity(["inspect-checkpoint", str(directory)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "ar: not in this checkpoint (config keys llm_config, no tensors)" in out
+    assert "text_feat_dim           = 64" in out and "from llm_config text width" in out
+    assert "_class_name = " in out and "gen_dit_config._class_name" in out
+    assert "not used (reference-image (editing) refiner" in out and "gen_transformer.ref_image_refiner.* (15)" in out
+    assert "reference: matched 81, unused 0, missing 0" in out and "target serving: matched 81, unused 0, missing 0" in out
+    assert "tensors no family claims" not in out and out.rstrip().endswith("ok: both implementations load every family present")
