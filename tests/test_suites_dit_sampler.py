@@ -103,4 +103,4 @@ def test_the_image_suite_sees_cfg_range_and_negative_prompt_defects(tmp_path: Pa
     assert code != 0, output
     failed = failing_gates(frame)
     assert set(failed["case"]) == {case}, failed.to_string()
-    assert "psnr" in set(failed["metric"])
+    assert "psnr_vs_golden" in set(failed["metric"])  # the golden-relative image gate (docs/images.md)

@@ -408,6 +408,8 @@ def grid_rows(router: Any, point: GridPoint, device: torch.device, seed: int) ->
     cand_w, cand_ids = unpack(result)
     if tuple(cand_ids.shape) != tuple(ref_ids.shape) or tuple(cand_w.shape) != tuple(ref_w.shape):
         return rows  # the contract row says which shape is wrong; nothing else is comparable
+    if not cand_w.is_floating_point() or cand_ids.is_floating_point():
+        return rows  # weights and ids in each other's places (the contract row says so): not comparable
     exact = point.dtype == "fp32"
     decisions = audit_decisions(logits, ref_ids, cand_ids, point.k, truth.options, spacings=grid.tie_flip_spacings, exact=exact)
     rows.append(audited_ids_row(point.name, decisions, point.rows, point.dtype, grid.tie_flip_spacings, exact))
