@@ -256,24 +256,17 @@ def decoder_shift_factor_dropped() -> DiTMutantTarget:
     return DiTMutantTarget("decoder_shift_factor_dropped", _decode_without_shift_factor)
 
 
-def _serving_sampler(name: str, **replacements: Any) -> DiTMutantTarget:
-    """Replace functions the serving DiT adapter samples with (module globals, looked up per call)."""
-    from serving_models.dit import adapter as dit_adapter
-
-    for attribute, replacement in replacements.items():
-        if not hasattr(dit_adapter, attribute):
-            raise RuntimeError(f"mutant: serving_models.dit.adapter has no {attribute}")
-        setattr(dit_adapter, attribute, replacement)
-    return DiTMutantTarget(name, lambda adapter: None)
-
-
 def shift_from_width_only() -> DiTMutantTarget:
     """The resolution-dependent time shift computed from the width twice (sqrt(w*w) for sqrt(h*w)):
     right on square latents, wrong on every non-square one; image must fail on the non-square case."""
-    from serving_models.dit import sampler
 
-    original = sampler.flow_match_timesteps
-    return _serving_sampler("shift_from_width_only", flow_match_timesteps=lambda steps, h, w: original(steps, w, w))
+    def width_only(steps: int, latent_height: int, latent_width: int) -> torch.Tensor:
+        return _shipped_schedule(steps, latent_width, latent_width)
+
+    return DiTMutantTarget(
+        "shift_from_width_only",
+        lambda adapter: _while_running(adapter, "flow_match_timesteps", width_only, ("sample", "timesteps")),
+    )
 
 
 def cfg_range_end_exclusive() -> DiTMutantTarget:
@@ -287,7 +280,7 @@ def cfg_range_end_exclusive() -> DiTMutantTarget:
             out.append(float(guidance_scale) if in_range else 1.0)
         return out
 
-    return _serving_sampler("cfg_range_end_exclusive", guidance_per_step=half_open)
+    return DiTMutantTarget("cfg_range_end_exclusive", lambda adapter: _while_running(adapter, "guidance_per_step", half_open))
 
 
 MUTANTS = {
