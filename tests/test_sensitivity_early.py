@@ -1,5 +1,5 @@
 """When a run starts the sensitivity suite's sessions early (`parity/suites/sensitivity/runs.py`):
-only a serial CPU run of the serving target with sensitivity tests selected, on all cores but one,
+only a serial run (CPU or CUDA) of the serving target with sensitivity tests selected, on all cores but one,
 and the server is stopped when the run ends, however it ends."""
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ def _settings(device: str = "cpu", target: str = "serving") -> SimpleNamespace:
     return SimpleNamespace(device=device, target=target)
 
 
-def test_a_serial_cpu_run_starts_the_selected_sessions_on_the_spare_cores(opened) -> None:
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_serial_run_starts_the_selected_sessions_on_the_spare_cores(device: str, opened) -> None:
     session = _session("test_numerics.py", "test_sensitivity.py")
-    with runs.start_early(session, _settings(), tmp_path_factory=None):
+    with runs.start_early(session, _settings(device), tmp_path_factory=None):
         (server,) = opened
         assert (server.parallel, server.jobs) == (2, 1)  # one core stays with the run's own tests
         assert [item.path.name for item in server.selected] == ["test_sensitivity.py"]
@@ -70,16 +71,13 @@ def test_a_failing_or_interrupted_run_still_stops_the_server(opened) -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["xdist worker", "cuda", "sensitivity deselected", "reference target", "one core"],
+    ["xdist worker", "sensitivity deselected", "reference target", "one core"],
 )
 def test_nothing_starts_early(case: str, opened, monkeypatch: pytest.MonkeyPatch) -> None:
     session, settings = _session("test_numerics.py", "test_sensitivity.py"), _settings()
     if case == "xdist worker":
         monkeypatch.delenv("PARITY_SENSITIVITY_JOBS")
         monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
-    elif case == "cuda":
-        monkeypatch.delenv("PARITY_SENSITIVITY_JOBS")
-        settings = _settings(device="cuda")
     elif case == "sensitivity deselected":
         session = _session("test_numerics.py")
     elif case == "reference target":

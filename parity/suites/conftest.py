@@ -108,7 +108,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session", autouse=True)
 def _sensitivity_sessions_early(request: pytest.FixtureRequest, settings: Any, tmp_path_factory: pytest.TempPathFactory):
-    """A serial CPU run with a spare core starts the sensitivity suite's isolated sessions at its
+    """A serial run with a spare core starts the sensitivity suite's isolated sessions at its
     first test, so they run beside the other suites (`parity/suites/sensitivity/runs.py`)."""
     from parity.suites.sensitivity.runs import start_early
 

@@ -4,7 +4,8 @@ Each mutant's kill selection and each correct-target control is an isolated pyte
 from one pre-imported server (`sessions.PytestForkServer`). In a serial run on a machine with
 cores to spare, `parity/suites/conftest.py` starts every selected session at the run's first test
 (`start_early`): they run on the spare cores beside the other suites (one core stays for the run's
-own tests), and on all of them once the sensitivity tests are reached (`ChildSessions.all_cores`);
+own tests; on CUDA they share the GPU with it), and on all of them once the sensitivity tests are
+reached (`ChildSessions.all_cores`);
 each sensitivity test collects its own result. Under xdist (the CPU lane's `-n 2`) each worker
 runs its tests' sessions one at a time: its sibling worker uses the other core.
 """
@@ -131,14 +132,16 @@ class ChildSessions:
 
 @contextmanager
 def start_early(session: pytest.Session, settings: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """In a serial CPU run with cores to spare and sensitivity tests selected, start their sessions
-    now on all cores but one (they run beside the other suites) and leave them in the config's
+    """In a serial run with cores to spare and sensitivity tests selected, start their sessions now
+    on all cores but one (they run beside the other suites) and leave them in the config's
     stash for the suite. Leaving the block stops the server: sessions nobody collected (an
-    interrupted or `-x` run) are killed."""
+    interrupted or `-x` run) are killed. On CUDA the children's tiny models share the GPU with the
+    run's full-size ones: run after them, the H200 lane's sensitivity suite alone took 280 s (four at
+    a time) to 297 s-plus (one at a time), which left no room in the lane's 10 minutes."""
     parallel = parallel_sessions(settings.device)
     selected = [item for item in session.items if item.path.name == SENSITIVITY_MODULE]
-    if parallel < 2 or not selected or settings.target != "serving" or settings.device != "cpu":
-        yield  # on CUDA they wait for the sensitivity module: the other suites hold the GPU until then
+    if parallel < 2 or not selected or settings.target != "serving":
+        yield
         return
     with ChildSessions.open(settings, parallel, jobs=parallel - 1) as children:
         children.start_selected(selected, tmp_path_factory)
