@@ -170,6 +170,20 @@ def _profile(report, run_dir: Path, case: str, label: str, step: Callable[[], ob
         )
 
 
+def _interleaved_ms(steps: dict[str, Callable[[], object]], device: torch.device, rounds: int, warmup: int = 3) -> dict[str, float]:
+    """Median milliseconds per call of each step, timed round-robin (one call of each per round), so
+    a drift of clocks or host load over the measurement lands on every step alike rather than on
+    whichever was timed last."""
+    for fn in steps.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            samples[name].append(_median_ms(fn, device, 1, warmup=0))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benchmark, run_dir) -> None:
     config, blended, single = ar_pair
     device = torch.device(settings.device)
@@ -190,38 +204,41 @@ def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benc
         ids = torch.randint(0, config.gen_vocab_start_index, (batch, 1), generator=generator).to(device)  # und-only
         positions = torch.full((batch,), plan.context, dtype=torch.long, device=device)
         generating = [False] * batch  # the host's request state: text requests only
-        timings, steps = {}, {}
-        single.allocate_decode_state(batch, plan.context + 1)
-        single.prefill(prompt)
-        timings["eager_single"] = _median_ms(lambda i=ids, p=positions: single.decode_step(i, p), device, plan.iterations)
+        steps: dict[str, Callable[[], object]] = {"eager_single": lambda i=ids, p=positions: single.decode_step(i, p)}
+        runs = []
         modes = [(graph_mode, "graph")] + ([("compiled_cuda_graph", "compiled_graph")] if batch in plan.compiled_batches else [])
-        for mode, prefix in modes:
-            for label, adapter in (("single", single), ("moe", blended)):
-                if label == "single" and prefix != "graph":
-                    continue  # the single-expert baseline is the plain graph
+        try:
+            for adapter in (single, blended):  # each graph captures its adapter's KV cache: allocate once
                 adapter.allocate_decode_state(batch, plan.context + 1)
-                runs = _graph_steps(adapter, mode, device, ids, positions, label, keyed=label == "moe")
-                try:
-                    adapter.prefill(prompt)  # the captures wrote dummy k/v at position 0
-                    for key, run in runs.items():
-                        name = f"{prefix}_{'single' if label == 'single' else key}"
-                        steps[name] = lambda r=run, i=ids, p=positions: r(i, p)
-                        timings[name] = _median_ms(steps[name], device, plan.iterations)
-                        _profile(report, run_dir, case, name, steps[name], device, plan.profile_steps)
-                    if label == "moe" and prefix == "graph":
-                        picked = adapter.decode_graph_key(generating) if hasattr(adapter, "decode_graph_key") else "blend"
-                        report.info(
-                            case=case, metric="graph_picked_for_text_batch", value=None, detail=f"the target picks {picked!r}"
-                        )
-                        if batch == plan.batches[0]:
-                            benchmark.pedantic(steps[f"graph_{picked}"], rounds=plan.iterations, warmup_rounds=2)
-                finally:
-                    for run in runs.values():
-                        run.close()
-                    if hasattr(adapter, "select_decode_graph"):
-                        adapter.select_decode_graph(None)
+            for mode, prefix in modes:
+                for label, adapter in (("single", single), ("moe", blended)):
+                    if label == "single" and prefix != "graph":
+                        continue  # the single-expert baseline is the plain graph
+                    for key, run in _graph_steps(adapter, mode, device, ids, positions, label, keyed=label == "moe").items():
+                        runs.append(run)
+                        steps[f"{prefix}_{'single' if label == 'single' else key}"] = lambda r=run, i=ids, p=positions: r(i, p)
+            for adapter in (single, blended):
+                adapter.prefill(prompt)  # the captures wrote dummy k/v at position 0
+            for name, step in steps.items():
+                if name != "eager_single":
+                    _profile(report, run_dir, case, name, step, device, plan.profile_steps)
+            timings = _interleaved_ms(steps, device, plan.iterations)
+            picked = blended.decode_graph_key(generating) if hasattr(blended, "decode_graph_key") else "blend"
+            report.info(case=case, metric="graph_picked_for_text_batch", value=None, detail=f"the target picks {picked!r}")
+            if batch == plan.batches[0]:
+                benchmark.pedantic(steps[f"graph_{picked}"], rounds=plan.iterations, warmup_rounds=2)
+        finally:
+            for run in runs:
+                run.close()
+            if hasattr(blended, "select_decode_graph"):
+                blended.select_decode_graph(None)
         for label, ms in timings.items():
-            report.info(case=case, metric=f"{label}_ms", value=ms, detail=f"median of {plan.iterations}, und-only batch")
+            report.info(
+                case=case,
+                metric=f"{label}_ms",
+                value=ms,
+                detail=f"median of {plan.iterations} rounds timing every variant once each, und-only batch",
+            )
         _decode_ratios(report, case, config, blended, batch, plan, bandwidth, timings)
 
 
