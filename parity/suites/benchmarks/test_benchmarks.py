@@ -15,6 +15,10 @@
 4. DiT attention with SDPA's native GQA vs K/V repeated per query head (the formulation the port
    replaced), time and peak memory of one block's attention and of the whole forward, at 1024 px.
 
+The variants a ratio compares are timed round-robin, one call of each per round (CUDA events
+around each call on the GPU), and each is the median over the rounds: timed one after the other,
+two graphs with the same kernels measured 8% apart on the H200.
+
 Timing is never asserted: every number is a row (suite `benchmark`, raw milliseconds as info rows,
 ratios as rows without a bound). pytest-benchmark records the primary measurement of each test.
 On the CPU lane the same code runs on the tiny models with the CPU graph stand-in: a smoke run of

@@ -136,8 +136,8 @@ def start_early(session: pytest.Session, settings: Any, tmp_path_factory: pytest
     on all cores but one (they run beside the other suites) and leave them in the config's
     stash for the suite. Leaving the block stops the server: sessions nobody collected (an
     interrupted or `-x` run) are killed. On CUDA the children's tiny models share the GPU with the
-    run's full-size ones: run after them, the H200 lane's sensitivity suite alone took 280 s (four at
-    a time) to 297 s-plus (one at a time), which left no room in the lane's 10 minutes."""
+    run's full-size ones: started only after the other suites, the sessions alone took 280 s of the
+    H200 lane (four at a time), which did not leave the lane inside 10 minutes."""
     parallel = parallel_sessions(settings.device)
     selected = [item for item in session.items if item.path.name == SENSITIVITY_MODULE]
     if parallel < 2 or not selected or settings.target != "serving":
