@@ -44,10 +44,14 @@ Mask-keyed decode graphs (serving only; a target without them captures one decod
     NaN; `blend`: the graph-safe blend (the default, restored by `select_decode_graph(None)`).
     `decode_graph_key(generating) -> key`: the graph a batch replays, from per-request host
     state (Python bools: may this request feed a gen token this step); never a device read.
+Fused kernels (serving only, optional)
+    `unfused_kernels()`: a context in which forwards run the torch ops the fused CUDA decode
+    kernels replace (`serving_models/ar/kernels.py`); the benchmark times both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,6 +60,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from serving_models.ar import kernels
 from serving_models.ar import runner as ar_runner
 from serving_models.ar import weights as ar_weights
 from serving_models.ar.config import MammothModa2ARConfig
@@ -269,6 +274,11 @@ class ServingARAdapter:
         if key is not None and key not in self.decode_graph_keys:
             raise ValueError(f"unknown decode graph key {key!r}; keys are {self.decode_graph_keys}")
         self.decode_und_only = key == ar_runner.UND_ONLY
+
+    @staticmethod
+    def unfused_kernels() -> contextlib.AbstractContextManager[None]:
+        """Forwards (and captures) inside run the torch ops the fused decode kernels replace."""
+        return kernels.unfused()
 
     @traceable_method
     def decode_step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

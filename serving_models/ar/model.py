@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from serving_models.ar import config as ar_config
+from serving_models.ar import kernels
 from serving_models.ar.config import QWEN2_MODEL_TYPE, QWEN3_MODEL_TYPE, MammothModa2ARConfig
 from serving_models.common import capture
 
@@ -73,11 +74,9 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Upstream's `weight * (h * rsqrt(mean(h^2) + eps)).to(dtype)` with `h` upcast to fp32: the
-        normalisation is `F.rms_norm` without a weight, which computes in fp32 and rounds to `dtype`
-        at the same point upstream does (one fused kernel on CUDA where upstream launches six), and
-        the weight multiplies the rounded result, as upstream's does."""
-        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.variance_epsilon)
+        """Upstream's `weight * (h * rsqrt(mean(h^2) + eps)).to(dtype)` with `h` upcast to fp32,
+        rounded where upstream rounds; one kernel on CUDA (`kernels.rms_norm`)."""
+        return kernels.rms_norm(x, self.weight, self.variance_epsilon)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
@@ -106,14 +105,9 @@ def negate_first_half(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE. x: [B, L, heads, D]; cos, sin_signed: [B, L, 1, D] (`negate_first_half(sin)`).
-
-    `x * cos + cat(x2, x1) * sin_signed` is upstream's `x * cos + cat(-x2, x1) * sin` element for
-    element (moving a sign between factors is exact), without a negation kernel per call.
-    """
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
+# Rotate-half RoPE with the sign folded into `sin_signed` (x: [B, L, heads, D]); the Qwen2 path
+# fuses it with the KV-cache write (`kernels.rope_and_cache_write`).
+apply_rotary = kernels.rotate_half_torch
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,9 +126,6 @@ class MergedColumnLinear(nn.Linear):
         super().__init__(in_features, sum(output_sizes), bias=bias)
         self.output_sizes = tuple(output_sizes)
         self.shard_names = tuple(shard_names)
-
-    def forward_split(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self(x).split(self.output_sizes, dim=-1)
 
 
 @dataclass
@@ -222,8 +213,19 @@ class MammothModa2Attention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, attn: AttentionInputs) -> torch.Tensor:
         bsz, q_len, _ = hidden_states.shape
-        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(hidden_states)
+        if attn.kv_cache is None:
+            q, k, v = self.rotate(qkv, attn)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            q, keys, values = self.rotate_into_cache(qkv, attn)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn.cache_bias, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
+
+    def rotate(self, qkv: torch.Tensor, attn: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v `[B, heads, L, D]` from the fused projection, q and k rotated."""
+        bsz, q_len, _ = qkv.shape
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         v = qkv[..., (heads + kv_heads) * dim :].view(bsz, q_len, kv_heads, dim)
         if self.q_norm is None:
             # q and k are adjacent columns of the fused projection: one RoPE pass rotates both
@@ -234,18 +236,25 @@ class MammothModa2Attention(nn.Module):
             q, k, _ = qkv.split(self.qkv_proj.output_sizes, dim=-1)
             q = apply_rotary(self.q_norm(q.view(bsz, q_len, heads, dim)), attn.cos, attn.sin_signed)
             k = apply_rotary(self.k_norm(k.view(bsz, q_len, kv_heads, dim)), attn.cos, attn.sin_signed)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-        if attn.kv_cache is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:
-            keys, values = attn.kv_cache.update(self.layer_idx, k, v, attn.positions)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn.cache_bias, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
+    def rotate_into_cache(self, qkv: torch.Tensor, attn: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated q `[B, heads, L, D]` and this layer's whole key and value caches, the call's k
+        and v written at their positions (Qwen2 attention: one kernel on CUDA)."""
+        cache = attn.kv_cache
+        assert cache is not None
+        if self.q_norm is None:
+            keys, values = cache.key[self.layer_idx], cache.value[self.layer_idx]
+            q = kernels.rope_and_cache_write(qkv, attn.cos, attn.sin_signed, attn.positions, keys, values, self.num_heads)
+            return q.transpose(1, 2), keys, values
+        q, k, v = self.rotate(qkv, attn)
+        keys, values = cache.update(self.layer_idx, k, v, attn.positions)
+        return q, keys, values
 
 
 class SwiGLUMLP(nn.Module):
-    """`down(silu(gate(x)) * up(x))` with gate and up fused into one GEMM."""
+    """`down(silu(gate(x)) * up(x))` with gate and up fused into one GEMM (and SiLU with the
+    product into one kernel on CUDA: `kernels.silu_and_mul`)."""
 
     def __init__(self, config: MammothModa2ARConfig) -> None:
         super().__init__()
@@ -254,8 +263,7 @@ class SwiGLUMLP(nn.Module):
         self.down_proj = nn.Linear(size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj.forward_split(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 # ----------------------------------------------------------------------------------------------

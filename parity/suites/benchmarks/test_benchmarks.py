@@ -223,6 +223,12 @@ def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benc
                     for key, run in _graph_steps(adapter, mode, device, ids, positions, label, keyed=label == "moe").items():
                         runs.append(run)
                         steps[f"{prefix}_{'single' if label == 'single' else key}"] = lambda r=run, i=ids, p=positions: r(i, p)
+            if hasattr(blended, "unfused_kernels") and "und_only" in getattr(blended, "decode_graph_keys", ()):
+                # a target's fused decode kernels against the torch ops they replace
+                with blended.unfused_kernels():
+                    run = _graph_steps(blended, graph_mode, device, ids, positions, "moe-unfused", keyed=True)["und_only"]
+                runs.append(run)
+                steps["graph_und_only_unfused"] = lambda r=run, i=ids, p=positions: r(i, p)
             for adapter in (single, blended):
                 adapter.prefill(prompt)  # the captures wrote dummy k/v at position 0
             for name, step in steps.items():
@@ -258,6 +264,11 @@ def _decode_ratios(report, case: str, config, blended, batch: int, plan: Plan, b
         ),
         "blend_vs_eager_single": ("graph_blend", "eager_single", "graph blend / eager single-expert dispatch"),
         "graph_speedup": ("eager_single", "graph_single", "eager / graph replay, same single-expert step"),
+        "fused_kernels_speedup": (
+            "graph_und_only_unfused",
+            "graph_und_only",
+            "und-only graph with the torch ops / with the fused decode kernels (serving_models/ar/kernels.py)",
+        ),
         "compile_speedup_und_only": ("graph_und_only", "compiled_graph_und_only", "graph / compiled graph, und-only key"),
         "compile_speedup_blend": ("graph_blend", "compiled_graph_blend", "graph / compiled graph, blend key"),
     }
@@ -272,7 +283,7 @@ def _decode_ratios(report, case: str, config, blended, batch: int, plan: Plan, b
     for name, ms in timings.items():
         if name == "eager_single":
             continue
-        with_gen = name.endswith("blend")
+        with_gen = "blend" in name
         step_bytes = _weight_bytes(blended, batch, with_gen) + kv
         floor_ms = step_bytes / bandwidth * 1e3
         report.record(
