@@ -51,7 +51,8 @@ def _interpreted() -> bool:
 
 def fused(*tensors: torch.Tensor) -> bool:
     """Whether the fused kernel serves these tensors (see the module docstring for when)."""
-    if triton is None or os.environ.get(ENV_SWITCH, "1") == "0" or torch.compiler.is_compiling():
+    # is_compiling first: a Dynamo trace reads nothing else here (no guard on the environment)
+    if torch.compiler.is_compiling() or triton is None or os.environ.get(ENV_SWITCH, "1") == "0":
         return False
     first = tensors[0]
     on_device = first.is_cuda or (_interpreted() and first.device.type == "cpu")
