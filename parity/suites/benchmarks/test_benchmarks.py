@@ -10,7 +10,9 @@
 2. The decode step against the HBM floor: weight and KV-cache bytes read per step over the copy
    bandwidth measured in the same run; and where the rest goes: a torch.profiler breakdown of each
    graph's step by kernel (launches, GEMM / attention / other time), written as tables into the
-   run directory (`benchmark/decode-profile-*.txt` and `.csv`).
+   run directory (`benchmark/decode-profile-*.txt` and `.csv`). On CUDA, a target that offers
+   `unfused_kernels()` (the built-in one: its fused decode kernels) also has its und-only graph
+   captured with the torch ops those kernels replace, for `fused_kernels_speedup`.
 3. DiT forward eager vs regional compile (the seed measured -14% on an H800, -30% on an A800).
 4. DiT attention with SDPA's native GQA vs K/V repeated per query head (the formulation the port
    replaced), time and peak memory of one block's attention and of the whole forward, at 1024 px.
@@ -223,8 +225,12 @@ def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benc
                     for key, run in _graph_steps(adapter, mode, device, ids, positions, label, keyed=label == "moe").items():
                         runs.append(run)
                         steps[f"{prefix}_{'single' if label == 'single' else key}"] = lambda r=run, i=ids, p=positions: r(i, p)
-            if hasattr(blended, "unfused_kernels") and "und_only" in getattr(blended, "decode_graph_keys", ()):
-                # a target's fused decode kernels against the torch ops they replace
+            if (
+                device.type == "cuda"
+                and hasattr(blended, "unfused_kernels")
+                and "und_only" in getattr(blended, "decode_graph_keys", ())
+            ):
+                # a target's fused decode kernels (CUDA only) against the torch ops they replace
                 with blended.unfused_kernels():
                     run = _graph_steps(blended, graph_mode, device, ids, positions, "moe-unfused", keyed=True)["und_only"]
                 runs.append(run)
