@@ -46,7 +46,8 @@ ENV_SWITCH = "PARITY_FUSED_KERNELS"
 
 
 def _interpreted() -> bool:
-    """Triton's interpreter runs the kernels on CPU tensors (tests/test_ar_kernels.py)."""
+    """With TRITON_INTERPRET=1 Triton's interpreter runs the kernels on CPU tensors: a check of their
+    logic without a GPU (fp16 and fp32 only: the interpreter rounds to bf16 its own way)."""
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 

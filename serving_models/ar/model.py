@@ -4,6 +4,8 @@ Same math as upstream, shaped for graph capture and compilation:
 
 - Fused projections: `qkv_proj` (q|k|v) and `gate_up_proj` (gate|up); `ar_weights` maps them
   to the checkpoint's tensors.
+- On CUDA the decode step's small stages are fused kernels (`kernels.py`): RMSNorm with its
+  weight, RoPE with the KV-cache write, SiLU with the up product; the torch ops elsewhere.
 - A static KV cache updated in place (`scatter_` into preallocated buffers) and attention over
   the full static length with a position mask, so a decode step has no data-dependent shapes.
 - A dual embedding lookup with clamped indices on both tables, merged with `torch.where`.
