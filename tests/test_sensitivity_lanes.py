@@ -120,3 +120,42 @@ def test_control_selections_apply_each_expression_to_its_own_file(tmp_path: Path
     selections = json.dumps([["ar/test_numerics.py", "eager"], ["dit/test_numerics.py", "compiled"]])
     exact = _collected(tmp_path, *files, "-p", "parity.suites.sensitivity.selection", "--kill-selections", selections)
     assert exact == {"ar/test_numerics.py::test_eager", "dit/test_numerics.py::test_compiled"}
+
+
+# The gate metrics of a fullgraph trace's counts: what the recompile suites may gate on for the later
+# control seeds to leave them out (parity/suites/sensitivity/runs.py, SEED_INDEPENDENT_FILES).
+COUNT_METRICS = {
+    "new_compiles",
+    "graph_breaks",
+    "eager_fallback",
+    "regional_modules_compiled",
+    "control_frame_compiles",
+}
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_later_control_seeds_leave_out_only_the_compile_count_files(lane: str) -> None:
+    from parity.suites.sensitivity.runs import CONTROL_SEEDS, SEED_INDEPENDENT_FILES, control_selections
+
+    def selected(seed: int) -> set[tuple[str, str | None]]:
+        pairs = set()
+        for selection in control_selections(lane, seed).values():
+            pairs |= {tuple(pair) for pair in json.loads(selection[selection.index("--kill-selections") + 1])}
+        return pairs
+
+    first = selected(CONTROL_SEEDS[0])
+    assert {file for file, _ in first} >= set(SEED_INDEPENDENT_FILES), "the first seed runs the recompile suites"
+    for seed in CONTROL_SEEDS[1:]:
+        later = selected(seed)
+        assert later == {pair for pair in first if pair[0] not in SEED_INDEPENDENT_FILES}, seed
+
+
+def test_the_seed_independent_files_gate_only_on_compile_counts() -> None:
+    """The premise of leaving them out: every gate row those suites wrote in the committed CPU
+    baseline is a count of a fullgraph trace. A value-dependent gate added to them fails here."""
+    import pandas as pd
+
+    baseline = pd.read_csv(PROJECT_ROOT / "reports" / "baselines" / "cpu-fp32.csv")
+    gates = baseline[(baseline["suite"] == "recompiles") & (baseline["kind"] == "gate")]
+    assert not gates.empty
+    assert set(gates["metric"]) <= COUNT_METRICS, sorted(set(gates["metric"]) - COUNT_METRICS)

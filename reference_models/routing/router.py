@@ -260,14 +260,15 @@ def select_experts(
         scores_w = sigmoid(x_w).cpu().numpy()
 
     width = k + num_shared_experts
-    ids = torch.full((num_rows, width), NO_EXPERT, dtype=torch.int32)
-    weights = torch.zeros((num_rows, width), dtype=torch.float64 if golden else torch.float32)
+    # Filled row by row in numpy (an element write into a tensor costs microseconds), handed over at the end.
+    ids = np.full((num_rows, width), NO_EXPERT, dtype=np.int32)
+    weights = np.zeros((num_rows, width), dtype=weight_dtype)
     rsf = weight_dtype(routed_scaling_factor)
     folded = shared_weight_mode == "folded"
     shared_weight = weight_dtype(1.0) if folded else weight_dtype(weight_dtype(1.0) / rsf)
 
     for r in range(count_real_rows(num_valid_rows, num_rows)):
-        row = RowScores([float(v) for v in keys[r]], [bool(c) for c in is_candidate[r]])
+        row = RowScores(keys[r].tolist(), is_candidate[r].tolist())
         selected = select_row(row, config, correction_bias is not None)
         if not selected:
             row_weights = []
@@ -281,7 +282,7 @@ def select_experts(
         for i in range(num_shared_experts):
             ids[r, k + i] = num_experts + i
             weights[r, k + i] = float(shared_weight)
-    return RoutingResult(weights.to(logits.device), ids.to(logits.device))
+    return RoutingResult(torch.from_numpy(weights).to(logits.device), torch.from_numpy(ids).to(logits.device))
 
 
 # --------------------------------------------------------------------------------------------
@@ -345,7 +346,7 @@ def routing_margins(
     has_bias = correction_bias is not None
     columns = [[] for _ in range(7)]
     for r in range(num_rows):
-        row = RowScores([float(v) for v in keys[r]], [bool(c) for c in is_candidate[r]])
+        row = RowScores(keys[r].tolist(), is_candidate[r].tolist())
         eligible, group_scores = kept_experts(row, config, has_bias)
         kth, nxt, margin, ulps32, ulps_in = _boundary(row.keys, rank_by_key(row.keys, eligible), k, logits.dtype)
         group_margin, group_ulps = math.inf, math.inf

@@ -203,8 +203,11 @@ selections under other seeds. `parity run` prints the score per suite. Load one 
 `--parity-target <target>` (`parity run --target <target>`).
 
 Control seeds: every run checks the correct target under seeds 1, 2, 3 (`CONTROL_SEEDS` in
-`test_sensitivity.py`); one seed reruns every selection of the lane, 73-85 s on 2 shared CPU cores,
-so five per run would take the suite from about 6 to about 9 minutes. Seeds 1-5 were checked once
+`parity/suites/sensitivity/runs.py`). Seed 1 reruns every selection of the lane; seeds 2 and 3
+leave out the recompile suites (`SEED_INDEPENDENT_FILES`), whose gate rows are counts of fullgraph
+traces (compiles, graph breaks, eager fallbacks): Dynamo guards on shapes, dtypes and Python
+values, never on tensor values, so a seed cannot change them. On the 2-core CPU machine a full
+control session took 76 s, 36 s of it those compiles. Seeds 1-5 were checked once
 on the cpu lane with this catalogue of 40 (2026-12-02): 287 cases per seed, no alarm, 40/40 killed,
 8 min 42 s for the whole suite.
 

@@ -7,7 +7,8 @@ leak), and records whether a gate row of the mutant's suite failed, with the row
 A survivor is a gap in a suite and fails here. A mutant that cannot show on this lane (an
 equivalent mutant at that configuration) is recorded `not_applicable` with its reason: never a
 pass, and not counted as applicable. The correct target must raise no alarm on the same
-selections under three other seeds (no false alarms). vllm-project/vllm-omni#7455's lesson: emptying
+selections under three other seeds (no false alarms; the compile-count suites under the first of
+them only, `runs.SEED_INDEPENDENT_FILES`). vllm-project/vllm-omni#7455's lesson: emptying
 `_repeated_blocks` passed all four tests of the original compile-parity suite.
 """
 
@@ -99,7 +100,7 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
 def test_correct_target_raises_no_alarm(seed: int, report, settings, sessions, tmp_path: Path) -> None:
     lane = lane_of(settings.device)
     alarms, cases, exits, tails = [], 0, [], []
-    for index, (config, selection) in enumerate(control_selections(lane).items()):
+    for index, (config, selection) in enumerate(control_selections(lane, seed).items()):
         out = tmp_path / f"config-{index}"
         code, rows, tail = sessions.result(("control", seed, index), control_args(selection, seed), config, out)
         exits.append(code)
