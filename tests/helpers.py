@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +21,23 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def default_sigint() -> None:
+    """`preexec_fn` for a child that must take Ctrl-C as a foreground command does. A shell without
+    job control starts a background job (`cmd &` in a script) with SIGINT ignored (POSIX), children
+    inherit that, and Python then installs no KeyboardInterrupt handler: a test run that way would
+    see its own SIGINT do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(args: list[str], *, cwd: Path = PROJECT_ROOT, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=subprocess_env(**env), capture_output=True, text=True, timeout=timeout
+        [sys.executable, *args],
+        cwd=cwd,
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=default_sigint,
     )
 
 

@@ -41,7 +41,7 @@ from parity.cases import Table, add_case_dirs, load_case_file
 from parity.cli import build_parser, main
 from parity.compare import Tolerance, diff
 from parity.report import RESULTS_FILE, ReportWriter, read_run_info, write_run_info
-from tests.helpers import PROJECT_ROOT, run_parity, run_pytest, subprocess_env
+from tests.helpers import PROJECT_ROOT, default_sigint, run_parity, run_pytest, subprocess_env
 
 # ---------------------------------------------------------------------------------------------
 # What a row observes
@@ -905,7 +905,13 @@ def test_ctrl_c_during_parity_run_leaves_run_json_interrupted_and_the_review_say
         "ctrl-c",
     ]
     child = subprocess.Popen(
-        args, cwd=PROJECT_ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        args,
+        cwd=PROJECT_ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
     )
     try:
         deadline = time.monotonic() + 240
