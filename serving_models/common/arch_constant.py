@@ -6,8 +6,8 @@ graph input (`assume_static_by_default` is off). An op that needs a real Python 
 `F.rms_norm`'s `eps`, cannot take one, so Dynamo specializes it and restarts the whole analysis of
 the frame (pytorch/pytorch#140346): each compile of the AR forward traced twice. Dynamo wraps only
 exact `float` that way; a subclass is traced as a constant with a value guard, so a model built
-with another epsilon still recompiles rather than reusing a stale graph (docs/capture-and-compile.md
-§3, "Restarts").
+with another epsilon still recompiles rather than reusing a stale graph
+(docs/capture-and-compile.md §3, "Restarts").
 """
 
 from __future__ import annotations
