@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -267,7 +268,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return PYTEST_USAGE_ERROR
     argv = pytest_args_for_run(args, run_id)
     env.select_cpu_kernels()  # before pytest imports anything that runs a kernel (docs/cpu-kernels.md)
-    problem = conformance_line(args)
+    with ConformanceCheck.start(args) as check:
+        warm_imports()  # while the check's process builds the target: both take a few seconds
+        problem = check.problem()
     if problem is not None:
         print(
             f"parity run: target {args.target} does not conform (parity check-target {args.target}): {problem}", file=sys.stderr
@@ -386,21 +389,45 @@ def cmd_check_target(args: argparse.Namespace) -> int:
     return 0
 
 
-def conformance_line(args: argparse.Namespace) -> str | None:
-    """Run `parity check-target` for `parity run`'s target in a fresh process (a target factory may
-    patch modules, as the mutant catalogue's do, and must do so only in the process that runs the
-    suites); None when the target conforms, else its first problem line."""
-    import subprocess
+class ConformanceCheck:
+    """`parity check-target` for `parity run`'s target, in a process of its own (a target factory
+    may patch modules, as the mutant catalogue's do, and must do so only in the process that runs
+    the suites). Started before the run's own imports so the two overlap."""
 
-    command = [sys.executable, "-m", "parity", "check-target", args.target, "--device", args.device, "--quiet"]
-    for suite in args.suite:
-        command += ["--suite", suite]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode in (0, TARGET_UNRESOLVED):
-        return None  # a target that does not resolve: pytest refuses it with its one ERROR line (exit 4)
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    problems = [line for line in lines if line.startswith("parity check-target: ")]
-    return (problems or lines or [f"exit code {done.returncode}"])[0].removeprefix("parity check-target: ")
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+
+    @classmethod
+    def start(cls, args: argparse.Namespace) -> ConformanceCheck:
+        command = [sys.executable, "-m", "parity", "check-target", args.target, "--device", args.device, "--quiet"]
+        for suite in args.suite:
+            command += ["--suite", suite]
+        return cls(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
+    def __enter__(self) -> ConformanceCheck:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.process.poll() is None:  # left early (Ctrl-C during the imports): stop the check too
+            self.process.kill()
+            self.process.wait()
+
+    def problem(self) -> str | None:
+        """None when the target conforms, else the check's first problem line."""
+        _, stderr = self.process.communicate()
+        code = self.process.returncode
+        if code in (0, TARGET_UNRESOLVED):
+            return None  # a target that does not resolve: pytest refuses it with its one ERROR line (exit 4)
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        problems = [line for line in lines if line.startswith("parity check-target: ")]
+        return (problems or lines or [f"exit code {code}"])[0].removeprefix("parity check-target: ")
+
+
+def warm_imports() -> None:
+    """Import what every run imports first (torch and Dynamo: about 2.5 s), so it overlaps the
+    conformance check. Not parity's own modules: pytest must import those itself to rewrite their
+    asserts."""
+    import torch._dynamo  # noqa: F401
 
 
 def cmd_make_checkpoint(args: argparse.Namespace) -> int:
