@@ -37,7 +37,6 @@ from serving_models.ar import config as ar_config
 from serving_models.ar import kernels
 from serving_models.ar.config import QWEN2_MODEL_TYPE, QWEN3_MODEL_TYPE, MammothModa2ARConfig
 from serving_models.common import capture
-from serving_models.common.arch_constant import ArchConstant
 
 
 def upcast_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -74,7 +73,7 @@ class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = ArchConstant(eps)
+        self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Upstream's `weight * (h * rsqrt(mean(h^2) + eps)).to(dtype)` with `h` upcast to fp32,
@@ -91,7 +90,7 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         self.head_dim = head_dim
-        self.theta = ArchConstant(theta)
+        self.theta = theta
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         compute = upcast_dtype(dtype)
@@ -451,23 +450,14 @@ def make_empty_intermediate_tensors_with_gen_mask(
     )
 
 
-class VocabEmbedding(nn.Embedding):
-    """A plain table lookup. `nn.Embedding.forward` passes its float `norm_type` to `F.embedding`
-    even without `max_norm`; under `dynamic=True` that float restarts Dynamo's analysis
-    (`ArchConstant`'s docstring), so the lookup takes the weight alone."""
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)
-
-
 class MammothModa2Model(nn.Module):
     """Embedding tables, decoder layers and final norm (checkpoint prefix `model.`)."""
 
     def __init__(self, config: MammothModa2ARConfig, decoder_layer_type: type[MammothModa2DecoderLayer]) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = VocabEmbedding(config.base_vocab_size, config.hidden_size)
-        self.gen_embed_tokens = VocabEmbedding(config.gen_vocab_size, config.hidden_size) if config.extra_gen_vocab else None
+        self.embed_tokens = nn.Embedding(config.base_vocab_size, config.hidden_size)
+        self.gen_embed_tokens = nn.Embedding(config.gen_vocab_size, config.hidden_size) if config.extra_gen_vocab else None
         self.layers = nn.ModuleList(decoder_layer_type(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)

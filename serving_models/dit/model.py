@@ -33,8 +33,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from serving_models.common.arch_constant import ArchConstant
-
 from .config import DiTConfig
 
 FREQUENCY_EMBEDDING_SIZE = 256
@@ -53,7 +51,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
-        self.eps = ArchConstant(eps)
+        self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,7 +75,7 @@ class TimestepCaptionEmbedding(nn.Module):
 
     def __init__(self, config: DiTConfig) -> None:
         super().__init__()
-        self.timestep_scale = ArchConstant(config.timestep_scale)
+        self.timestep_scale = config.timestep_scale
         self.timestep_embedder = TimestepEmbedding(FREQUENCY_EMBEDDING_SIZE, config.temb_dim)
         self.caption_embedder = nn.Sequential(
             RMSNorm(config.text_feat_dim, eps=config.norm_eps),
@@ -128,7 +126,7 @@ class RotaryEmbedding3D(nn.Module):
 
     def __init__(self, config: DiTConfig) -> None:
         super().__init__()
-        self.theta = ArchConstant(config.rope_theta)
+        self.theta = float(config.rope_theta)
         self.axes_dim = tuple(config.axes_dim_rope)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,7 +184,7 @@ class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, kv_heads: int) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
-        self.scale = ArchConstant(self.head_dim**-0.5)
+        self.scale = self.head_dim**-0.5
         self.to_q = nn.Linear(dim, heads * self.head_dim, bias=False)
         self.to_k = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
         self.to_v = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
