@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
 from parity.observe.compile_ledger import CompileLedger
+from parity.observe.dynamic import dynamic_compile
 
 
 @dataclass
@@ -81,7 +81,7 @@ def compile_repeated_blocks(
         if type(module).__name__ not in wanted:
             continue
         eager_forward = module.forward
-        compiled = torch.compile(eager_forward, dynamic=dynamic, fullgraph=fullgraph, backend=backend)
+        compiled = dynamic_compile(eager_forward, dynamic=dynamic, fullgraph=fullgraph, backend=backend)
         if ledger is not None:
             compiled = ledger.count_calls(compiled, target=type(module).forward)
         module.forward = compiled

@@ -9,14 +9,16 @@ from typing import Any
 import torch
 
 from parity.observe.compile_ledger import CompileLedger
+from parity.observe.dynamic import dynamic_compile
 from parity.observe.taps import TapSet
 from parity.runners.base import Dummy, HostPrepare, PreparedRun, RunnerOptions, RunResult, StaticInputs
 from parity.runners.cuda_graph import CudaGraphRun
 
 
 def compile_function(fn: Callable[..., Any], options: RunnerOptions, ledger: CompileLedger | None) -> Callable[..., Any]:
-    """`torch.compile(fn)` with the runner's options, its calls counted by `ledger` when given."""
-    compiled = torch.compile(fn, fullgraph=options.fullgraph, dynamic=options.dynamic, backend=options.backend)
+    """`torch.compile(fn)` with the runner's options (`dynamic=True`: the inputs' dims marked dynamic,
+    `parity.observe.dynamic`), its calls counted by `ledger` when given."""
+    compiled = dynamic_compile(fn, fullgraph=options.fullgraph, dynamic=options.dynamic, backend=options.backend)
     return ledger.count_calls(compiled, target=fn) if ledger is not None else compiled
 
 

@@ -30,6 +30,7 @@ import torch
 
 from parity.compare import AT_LEAST, AT_MOST, EXACTLY, PASS, count_rule, flag_rule
 from parity.observe.compile_ledger import CompileEvent, CompileLedger, code_label, code_of
+from parity.observe.dynamic import dynamic_compile
 from parity.observe.regional import compile_repeated_blocks
 from parity.suites.conftest import require_graph_support
 from parity.suites.dit import support as dit_support
@@ -139,7 +140,7 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
             # Control frame: compiled on its own and run in the first warm-up point. It must
             # compile (so the counter's per-code discrimination is exercised) and never count.
             control_fn = control_target(adapter)
-            control = torch.compile(control_fn, dynamic=True, fullgraph=True, backend=lattice.backend)
+            control = dynamic_compile(control_fn, dynamic=True, fullgraph=True, backend=lattice.backend)
             counter = BlockCompiles(ledger, codes)
             for i, warm in enumerate(lattice.warmup):
                 point = Point(warm.height, warm.width, warm.text_len, warm.cfg)
