@@ -97,11 +97,15 @@ FAMILY_ORDER = ("ar_models", "dit_models")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the tests of one model family together (AR, then DiT, then the rest), file order kept."""
+    """Run the tests of one model family together (AR, then DiT, then the rest), file order kept;
+    inside a family, the tests that share compiled code (`keep_compile_cache`) first, so that no
+    test starting from an empty Dynamo cache runs between them and throws their compiles away
+    (docs/capture-and-compile.md §3)."""
 
-    def family(item: pytest.Item) -> int:
+    def family(item: pytest.Item) -> tuple[int, bool]:
         names = getattr(item, "fixturenames", ())
-        return next((i for i, name in enumerate(FAMILY_ORDER) if name in names), len(FAMILY_ORDER))
+        index = next((i for i, name in enumerate(FAMILY_ORDER) if name in names), len(FAMILY_ORDER))
+        return index, item.get_closest_marker("keep_compile_cache") is None
 
     items.sort(key=family)
 

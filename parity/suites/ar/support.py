@@ -77,6 +77,12 @@ class Observation:
 
 
 @dataclasses.dataclass(frozen=True)
+class RoutingCompile:
+    backend: Literal["aot_eager", "eager", "inductor"]
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class MoERange:
     name: str
     moe_type: str
@@ -134,6 +140,7 @@ CASES = load_case_file(
         "decode_settings": Table(DecodeSettings, many=False),
         "moe_ranges": Table(MoERange),
         "observation": Table(Observation, many=False),
+        "routing_compile": Table(RoutingCompile, many=False),
         "noise_floor": Table(NoiseFloorRule, many=False),
         "recompiles": Table(RecompileLattice, many=False),
     },

@@ -15,6 +15,7 @@ import torch
 
 from parity.compare import AT_MOST, EXACT, count_rule, diff
 from parity.observe.compile_ledger import CompileLedger
+from parity.observe.dynamic import dynamic_compile
 from parity.runners import make_runner
 from parity.suites.ar.support import CASES, TOL, ClampCase, ids_of, resolve_token
 from parity.suites.conftest import require_graph_support
@@ -42,12 +43,19 @@ def _applicable(models, cases):
     return [c for c in cases if 0 <= resolve_token(c.token, models.config, models.size) < top]
 
 
+def _lookup_taps(models) -> dict:
+    """Taps on both embedding tables: what each lookup received. The compiled tests of this suite
+    share them, so they share one compiled `embed` (docs/capture-and-compile.md §3)."""
+    base, gen = models.target.embedding_modules()
+    return {"base": base} | ({"gen": gen} if gen is not None else {})
+
+
+@pytest.mark.keep_compile_cache
 def test_both_lookups_receive_only_in_range_indices(mode: str, ar_models, report) -> None:
     models = ar_models
     require_graph_support(models.target, mode)
     cases = _applicable(models, CLAMP)
-    base, gen = models.target.embedding_modules()
-    tables = {"base": base} | ({"gen": gen} if gen is not None else {})
+    tables = _lookup_taps(models)
     ids = _case_ids(models, cases)
     runner = make_runner(mode, device=models.device, capture_registry=models.target.capture)
     with runner.prepare(models.target.embed, (ids,), dummy="zeros", taps=tables, name="embed") as run:
@@ -112,7 +120,7 @@ def test_compiled_lookup_equals_eager_bitwise(ar_models, report) -> None:
     require_graph_support(models.target, "compiled")
     ids = _case_ids(models, CLAMP)
     compiled = make_runner("compiled", device=models.device, capture_registry=models.target.capture)
-    with compiled.prepare(models.target.embed, (ids,), name="embed") as run:
+    with compiled.prepare(models.target.embed, (ids,), taps=_lookup_taps(models), name="embed") as run:
         got = run(ids).output
     report.diff(diff(models.target.embed(ids), got, EXACT, name="compiled embed vs eager"), case="all-clamp-ids", mode="compiled")
 
@@ -121,7 +129,7 @@ def test_one_compiled_frame_across_lengths(ar_models, report) -> None:
     models = ar_models
     require_graph_support(models.target, "compiled")
     with CompileLedger() as ledger:
-        compiled = torch.compile(models.target.embed, fullgraph=True, dynamic=True)
+        compiled = dynamic_compile(models.target.embed, fullgraph=True, dynamic=True, backend="inductor")
         for length in COMPILE.lengths:
             ids = torch.arange(length, device=models.device)[None] * 37 % (models.start + models.config.gen_vocab_size + 9) - 1
             compiled(ids)

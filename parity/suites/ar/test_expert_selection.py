@@ -40,8 +40,11 @@ pytestmark = [pytest.mark.suite("expert_selection"), pytest.mark.keep_compile_ca
 GRAPH_TOL = {"compiled": "compiled_vs_eager_fp32", "compiled_cuda_graph": "compiled_vs_eager_fp32"}
 
 
-def _prepare(models, mode: str, fn, example: tuple[torch.Tensor, ...], taps: dict, name: str):
-    runner = make_runner(mode, device=models.device, capture_registry=models.target.capture)
+ROUTING_COMPILE = CASES["routing_compile"]
+
+
+def _prepare(models, mode: str, fn, example: tuple[torch.Tensor, ...], taps: dict, name: str, *, backend: str = "inductor"):
+    runner = make_runner(mode, device=models.device, capture_registry=models.target.capture, backend=backend)
     return runner.prepare(fn, example, dummy="zeros", taps=taps, name=name)
 
 
@@ -253,7 +256,11 @@ def test_multimodal_entry_routes_gen_tokens(prompt: Prompt, mode: str, ar_models
     ids = models.ids(prompt.rows)
     embeds = models.target.embed(ids)
     taps = moe_taps(models.target)
-    with _prepare(models, mode, models.target.forward_multimodal, (embeds, ids), taps, "forward_multimodal") as run:
+    # routing only, no numeric gate: compiled modes trace with the routing backend (cases/ar.toml [routing_compile])
+    backend = ROUTING_COMPILE.backend
+    with _prepare(
+        models, mode, models.target.forward_multimodal, (embeds, ids), taps, "forward_multimodal", backend=backend
+    ) as run:
         result = run(embeds, ids)
     _record_routing(report, models, mode, case, ids, result.taps)
 

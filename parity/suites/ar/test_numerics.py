@@ -17,7 +17,7 @@ import torch
 
 from parity.compare import EXACTLY, count_rule, diff, noise_floor_multiplier
 from parity.runners import make_runner
-from parity.suites.ar.support import PROMPTS, TOL, Prompt, ids_of, judge, skip_full_size_compile
+from parity.suites.ar.support import PROMPTS, TOL, Prompt, ids_of, judge, moe_taps, skip_full_size_compile
 from parity.suites.conftest import require_graph_support
 
 pytestmark = [pytest.mark.suite("numerics"), pytest.mark.keep_compile_cache]
@@ -31,7 +31,10 @@ def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_m
     report.case, report.mode = prompt.name, mode  # an exception's error row names this case
     runner = make_runner(mode, device=models.device, capture_registry=models.target.capture)
     ids = models.ids(prompt.rows)
-    with runner.prepare(models.target.forward, (ids,), dummy="zeros", name="forward") as run:
+    # expert_selection's observation taps, unused here: with the same hooks both suites share one
+    # compiled forward per shape class instead of compiling it twice (docs/capture-and-compile.md §3)
+    taps = moe_taps(models.target)
+    with runner.prepare(models.target.forward, (ids,), dummy="zeros", taps=taps, name="forward") as run:
         got = run(ids).output
     want = models.reference.forward(ids)
     golden = models.golden.forward(ids)
