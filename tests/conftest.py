@@ -9,6 +9,8 @@ import pytest
 from tests.ar_support import reference, serving, tiny_dir  # noqa: F401
 from tests.review_run import tiny_run  # noqa: F401  (session fixture: one real tiny run)
 
+pytest_plugins = ["pytester"]  # in-process pytest sessions for the plugin's own tests
+
 _HERE = Path(__file__).resolve().parent
 
 

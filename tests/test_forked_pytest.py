@@ -130,3 +130,33 @@ def test_closing_the_server_kills_running_sessions_and_drops_queued_ones(one_job
         with pytest.raises(ForkServerError):
             future.result(timeout=10)
     assert not (root / "other.log").exists()
+
+
+WATCHED_PATCH = """
+import parity.compare.verdict as verdict
+def test_patch_{n}():
+    assert not hasattr(verdict, "parity_leak"), "a previous session's patch of a parity module leaked into this one"
+    verdict.parity_leak = {n}
+"""
+
+
+def test_a_batch_runs_its_sessions_in_one_process_each_isolated(tmp_path: Path) -> None:
+    """Sessions of one batch share a process (one fork) and still start from the shipped modules:
+    `isolation.isolated_session` puts back what a session patched. Without it (the broken
+    variant) the second session sees the first one's patch."""
+    for n in (1, 2):
+        (tmp_path / f"test_watched_{n}.py").write_text(WATCHED_PATCH.format(n=n))
+    (tmp_path / "test_pid.py").write_text(
+        "import os, pathlib\ndef test_pid():\n    pathlib.Path('pid-' + str(os.getpid())).touch()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]))
+    sessions = [
+        (_args(name), tmp_path / f"{name}.log")
+        for name in ("test_pid.py", "test_watched_1.py", "test_watched_2.py", "test_pid.py")
+    ]
+    isolation = "parity.suites.sensitivity.isolation:isolated_session"
+    with PytestForkServer(cwd=tmp_path, env=env, preload=("parity.compare.verdict",), jobs=1) as server:
+        assert server.submit_batch(sessions, isolation=isolation).result(timeout=300) == [0, 0, 0, 0]
+        assert len(list(tmp_path.glob("pid-*"))) == 1, "the batch's sessions ran in one process"
+        assert server.submit_batch(sessions[1:3]).result(timeout=300) == [0, 1], (tmp_path / "test_watched_2.py.log").read_text()

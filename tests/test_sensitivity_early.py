@@ -27,7 +27,7 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[FakeSessions]:
     servers: list[FakeSessions] = []
 
     @contextmanager
-    def fake_open(settings, parallel, jobs=None):
+    def fake_open(settings, parallel, jobs=None, *, covered=False):
         servers.append(FakeSessions(parallel, jobs))
         try:
             yield servers[-1]
@@ -47,7 +47,7 @@ def _session(*names: str) -> SimpleNamespace:
 
 
 def _settings(device: str = "cpu", target: str = "serving") -> SimpleNamespace:
-    return SimpleNamespace(device=device, target=target)
+    return SimpleNamespace(device=device, target=target, size="tiny", dtype="fp32" if device == "cpu" else "bf16")
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

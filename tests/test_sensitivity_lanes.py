@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -122,40 +123,107 @@ def test_control_selections_apply_each_expression_to_its_own_file(tmp_path: Path
     assert exact == {"ar/test_numerics.py::test_eager", "dit/test_numerics.py::test_compiled"}
 
 
-# The gate metrics of a fullgraph trace's counts: what the recompile suites may gate on for the later
-# control seeds to leave them out (parity/suites/sensitivity/runs.py, SEED_INDEPENDENT_FILES).
+# The gate metrics of counts decided by code paths: what the seed-independent selections may gate
+# on for the later control seeds to leave them out (parity/suites/sensitivity/runs.py, SEED_INDEPENDENT).
 COUNT_METRICS = {
     "new_compiles",
     "graph_breaks",
     "eager_fallback",
     "regional_modules_compiled",
     "control_frame_compiles",
+    "missing_probe_warnings",
 }
 
 
+def _control_pairs(lane: str, seed: int, *, covered: bool = False) -> set[tuple[str, str | None]]:
+    from parity.suites.sensitivity.runs import control_selections
+
+    pairs = set()
+    for selection in control_selections(lane, seed, covered=covered).values():
+        pairs |= {tuple(pair) for pair in json.loads(selection[selection.index("--kill-selections") + 1])}
+    return pairs
+
+
 @pytest.mark.parametrize("lane", LANES)
-def test_later_control_seeds_leave_out_only_the_compile_count_files(lane: str) -> None:
-    from parity.suites.sensitivity.runs import CONTROL_SEEDS, SEED_INDEPENDENT_FILES, control_selections
+def test_later_control_seeds_leave_out_only_the_seed_independent_selections(lane: str) -> None:
+    from parity.suites.sensitivity.runs import CONTROL_SEEDS, SEED_INDEPENDENT
 
-    def selected(seed: int) -> set[tuple[str, str | None]]:
-        pairs = set()
-        for selection in control_selections(lane, seed).values():
-            pairs |= {tuple(pair) for pair in json.loads(selection[selection.index("--kill-selections") + 1])}
-        return pairs
-
-    first = selected(CONTROL_SEEDS[0])
-    assert {file for file, _ in first} >= set(SEED_INDEPENDENT_FILES), "the first seed runs the recompile suites"
+    first = _control_pairs(lane, CONTROL_SEEDS[0])
+    independent = {pair for pair in first if pair in SEED_INDEPENDENT or (pair[0], None) in SEED_INDEPENDENT}
+    assert {file for file, _ in independent} >= {file for file, _ in SEED_INDEPENDENT if file in {f for f, _ in first}}
+    assert independent, "the first seed runs the seed-independent selections"
     for seed in CONTROL_SEEDS[1:]:
-        later = selected(seed)
-        assert later == {pair for pair in first if pair[0] not in SEED_INDEPENDENT_FILES}, seed
+        assert _control_pairs(lane, seed) == first - independent, seed
 
 
-def test_the_seed_independent_files_gate_only_on_compile_counts() -> None:
-    """The premise of leaving them out: every gate row those suites wrote in the committed CPU
-    baseline is a count of a fullgraph trace. A value-dependent gate added to them fails here."""
+@pytest.mark.parametrize("lane", LANES)
+def test_a_run_that_runs_the_seed_independent_selections_itself_leaves_them_out_of_every_control(lane: str) -> None:
+    from parity.suites.sensitivity.runs import CONTROL_SEEDS
+
+    later = _control_pairs(lane, CONTROL_SEEDS[-1])
+    for seed in CONTROL_SEEDS:
+        assert _control_pairs(lane, seed, covered=True) == later, seed
+
+
+SUITE_STUB = "def test_missing_probe_warning_fires_exactly_once():\n    pass\n\ndef test_capture_without_mask():\n    pass\n"
+
+
+@pytest.mark.parametrize(
+    ("dtype", "target", "files", "covered"),
+    [
+        ("fp32", "serving", ("ar/test_recompiles.py", "dit/test_recompiles.py", "ar/test_fail_closed_capture.py"), True),
+        ("fp32", "serving", ("ar/test_recompiles.py", "ar/test_fail_closed_capture.py"), False),  # a file deselected
+        ("fp32", "serving", ("ar/test_recompiles.py", "dit/test_recompiles.py"), False),  # the probe test deselected
+        ("bf16", "serving", ("ar/test_recompiles.py", "dit/test_recompiles.py", "ar/test_fail_closed_capture.py"), False),
+        ("fp32", "reference", ("ar/test_recompiles.py", "dit/test_recompiles.py", "ar/test_fail_closed_capture.py"), False),
+    ],
+)
+def test_a_run_covers_the_seed_independent_selections_only_at_the_kill_configuration(
+    pytester, dtype, target, files, covered
+) -> None:
+    """The controls leave the seed-independent selections out only when this run runs every one of
+    them on the correct target at the configuration the lane's mutants are killed at (a bf16 CPU
+    run, a `--suite` run without one of them, or another target is no control of them)."""
+    from parity.suites.sensitivity.runs import run_covers_seed_independent
+
+    paths = []
+    for file in files:
+        path = pytester.path / "parity" / "suites" / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(SUITE_STUB)
+        paths.append(path)
+    items, _ = pytester.inline_genitems(*paths, "-p", "no:parity", "--import-mode=importlib")
+    settings = SimpleNamespace(device="cpu", dtype=dtype, size="tiny", target=target)
+    assert run_covers_seed_independent(items, settings, root=pytester.path) is covered
+
+
+def test_sessions_are_batched_by_cost_with_the_controls_last() -> None:
+    from parity.suites.sensitivity.catalogue import Kill
+    from parity.suites.sensitivity.runs import Session, balanced_batches
+
+    def session(kind: str, name: str, cost: float) -> Session:
+        return Session((kind, name), [], Kill(()), Path(name), cost)
+
+    sessions = [session("control", f"c{i}", 40.0) for i in range(3)] + [session("mutant", f"m{i}", 1.0) for i in range(20)]
+    sessions.append(session("mutant", "compiling", 15.0))
+    batches = balanced_batches(sessions, 4)
+    assert sorted(s.key for batch in batches for s in batch) == sorted(s.key for s in sessions)
+    loads = [sum(s.cost for s in batch) for batch in batches]
+    assert max(loads) - min(loads) <= 40.0  # no batch waits on more than one control beyond another
+    for batch in batches:
+        kinds = [s.is_control for s in batch]
+        assert kinds == sorted(kinds), "a batch runs its controls after its mutants"
+
+
+def test_the_seed_independent_selections_gate_only_on_counts() -> None:
+    """The premise of leaving them out: every gate row those selections wrote in the committed CPU
+    baseline is a count decided by code paths. A value-dependent gate added to them fails here."""
     import pandas as pd
 
     baseline = pd.read_csv(PROJECT_ROOT / "reports" / "baselines" / "cpu-fp32.csv")
-    gates = baseline[(baseline["suite"] == "recompiles") & (baseline["kind"] == "gate")]
-    assert not gates.empty
-    assert set(gates["metric"]) <= COUNT_METRICS, sorted(set(gates["metric"]) - COUNT_METRICS)
+    gates = baseline[baseline["kind"] == "gate"]
+    recompiles = gates[gates["suite"] == "recompiles"]
+    probe = gates[(gates["suite"] == "fail_closed_capture") & gates["case"].str.startswith("missing-probe")]
+    assert not recompiles.empty and not probe.empty
+    metrics = set(recompiles["metric"]) | set(probe["metric"])
+    assert metrics <= COUNT_METRICS, sorted(metrics - COUNT_METRICS)

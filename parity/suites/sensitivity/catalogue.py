@@ -59,6 +59,9 @@ class Mutant:
     target: str  # the --target spec that loads the mutant
     lanes: Mapping[str, Kill | NotApplicable]
     family: str = ""  # what it breaks (docs/mutants.md groups by it); "" = the family of its module
+    # True: its change reaches what `parity/suites/sensitivity/isolation.py` cannot put back (torch
+    # itself, state mutated in place), so it runs in a process of its own, never in a batch
+    isolated: bool = False
 
     @property
     def group(self) -> str:
@@ -108,12 +111,13 @@ def mutant(
     tests: tuple[str, ...],
     cuda: tuple[str, ...] | Kill | NotApplicable | None = None,
     family: str = "",
+    isolated: bool = False,
 ) -> Callable:
     """Register the decorated function as the run-time change of mutant `name`."""
 
     def register(apply: Callable[[], None]) -> Callable[[], None]:
         spec = f"{apply.__module__}:mutant_{name.replace('-', '_')}"
-        CATALOGUE[name] = Mutant(name, defect, suite, spec, _lanes(tests, cuda), family)
+        CATALOGUE[name] = Mutant(name, defect, suite, spec, _lanes(tests, cuda), family, isolated)
         _APPLY[name] = apply
         return apply
 
@@ -129,9 +133,10 @@ def external(
     target: str,
     cuda: tuple[str, ...] | Kill | NotApplicable | None = None,
     family: str = "",
+    isolated: bool = False,
 ) -> None:
     """A mutant whose factory lives in a family module (parity/suites/dit/mutants.py, parity/suites/routing/mutants.py)."""
-    CATALOGUE[name] = Mutant(name, defect, suite, target, _lanes(tests, cuda), family)
+    CATALOGUE[name] = Mutant(name, defect, suite, target, _lanes(tests, cuda), family, isolated)
 
 
 def serving_target_with(name: str) -> Any:
@@ -202,14 +207,24 @@ when a gate row of the named suite fails; the correct target must raise no alarm
 selections under other seeds. `parity run` prints the score per suite. Load one by hand with
 `--parity-target <target>` (`parity run --target <target>`).
 
+How the sessions run: several per process. A serial run starts them all at its first test, in
+batches of about equal cost forked from one pre-imported server (`parity/suites/sensitivity/runs.py`);
+a batch runs its sessions one after the other, and between two of them puts back every module
+attribute the previous mutant patched and drops the models and compiled frames it built
+(`parity/suites/sensitivity/isolation.py`). A mutant whose change that cannot undo is marked
+`isolated` and gets a process of its own. A batch runs its control seeds last, so a green control
+is also evidence that the isolation held. On the 2-core CPU machine a mutant's session now costs
+what its tests cost (0.5-1 s for most), where a process per session cost about 2 s more.
+
 Control seeds: every run checks the correct target under seeds 1, 2, 3 (`CONTROL_SEEDS` in
-`parity/suites/sensitivity/runs.py`). Seed 1 reruns every selection of the lane; seeds 2 and 3
-leave out the recompile suites (`SEED_INDEPENDENT_FILES`), whose gate rows are counts of fullgraph
-traces (compiles, graph breaks, eager fallbacks): Dynamo guards on shapes, dtypes and Python
-values, never on tensor values, so a seed cannot change them. On the 2-core CPU machine a full
-control session took 76 s, 36 s of it those compiles. Seeds 1-5 were checked once
-on the cpu lane with this catalogue of 40 (2026-12-02): 287 cases per seed, no alarm, 40/40 killed,
-8 min 42 s for the whole suite.
+`parity/suites/sensitivity/runs.py`). Some selections (`SEED_INDEPENDENT`) gate only on counts of
+events that code paths decide, never tensor values: the recompile suites' compiles, graph breaks
+and eager fallbacks of fullgraph traces (Dynamo guards on shapes, dtypes and Python values), and
+the missing-probe warnings over forwards of fixed ids. A seed cannot change them. When the run
+itself runs them on the correct target at the kill configuration (the CPU lane's `parity run`),
+those rows are their control and every control seed leaves them out; otherwise (a `--suite
+sensitivity` run, the CUDA lane's full-size run) the first control seed runs them. Seeds 1-5 were checked once on
+the cpu lane with a catalogue of 40 (2026-12-02): 287 cases per seed, no alarm, 40/40 killed.
 
 Lanes: `cpu` runs tiny fp32 models with the CPU graph stand-in; `cuda` runs real CUDA graphs
 (tiny models, bf16 unless the entry says otherwise). `n/a` is an equivalent mutant on that lane,

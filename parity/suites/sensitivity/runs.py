@@ -1,17 +1,26 @@
-"""The sensitivity suite's child sessions: what each runs, and running several at once.
+"""The sensitivity suite's child sessions: what each runs, and running many of them in few processes.
 
-Each mutant's kill selection and each correct-target control is an isolated pytest session, forked
-from one pre-imported server (`sessions.PytestForkServer`). In a serial run on a machine with
-cores to spare, `parity/suites/conftest.py` starts every selected session at the run's first test
-(`start_early`): they run on the spare cores beside the other suites (one core stays for the run's
-own tests; on CUDA they share the GPU with it), and on all of them once the sensitivity tests are
-reached (`ChildSessions.all_cores`);
-each sensitivity test collects its own result. Under xdist (the CPU lane's `-n 2`) each worker
-runs its tests' sessions one at a time: its sibling worker uses the other core.
+Each mutant's kill selection and each correct-target control is an isolated pytest session. The
+sessions run in processes forked from one pre-imported server (`sessions.PytestForkServer`), several
+per process: a batch runs its sessions one after the other, and between two of them
+`isolation.isolated_session` puts back every module attribute the previous session's mutant
+patched and drops the models and compiled frames it built. A fresh process per session cost about
+2 s each (collection, imports, model builds); in a batch a session costs what its tests cost. A
+mutant whose change cannot be undone that way (one marked `isolated` in the catalogue) gets a
+process of its own. Each batch that holds a control runs it last: a control that stays green after
+the mutants of its batch is evidence that the isolation held.
+
+In a serial run on a machine with cores to spare, `parity/suites/conftest.py` starts every selected
+session at the run's first test (`start_early`), in batches balanced by an estimate of their cost:
+on all cores but one beside the other suites (on CUDA they share the GPU with it), and on all of
+them once the sensitivity tests are reached (`ChildSessions.all_cores`); each sensitivity test
+collects its own result. Under xdist (the CPU lane's `-n 2`) each worker runs its tests' sessions
+one at a time: its sibling worker uses the other core.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -30,17 +39,35 @@ from parity.suites.sensitivity.sessions import DEFAULT_PRELOAD, PytestForkServer
 
 CATALOGUE = all_mutants()
 CONTROL_SEEDS = (1, 2, 3)
-# Files whose every gate row is a count of a fullgraph trace (compiles, graph breaks, eager
-# fallbacks, compiled block modules): Dynamo guards on shapes, strides, dtypes and Python values,
-# never on tensor values, and a fullgraph trace that read a tensor's value would fail, not branch,
-# so another seed cannot change one of these rows. Only the first control seed runs them
-# (docs/mutants.md, "Control seeds"); they were about 40% of a control session's time on the CPU.
-SEED_INDEPENDENT_FILES = ("parity/suites/ar/test_recompiles.py", "parity/suites/dit/test_recompiles.py")
+# Selections whose every gate row counts events decided by code paths, shapes and Python values,
+# never by tensor values: compiles, graph breaks and eager fallbacks of fullgraph traces (Dynamo
+# guards on shapes, dtypes and Python values, and a fullgraph trace that read a tensor's value would
+# fail, not branch), and warnings of the missing capture probe over forwards of fixed ids. Another
+# seed (other weights) cannot change one of these rows. The control seeds leave them out when the
+# run itself runs them on the correct target at the kill configuration (the CPU lane's `parity
+# run`: those rows are their control, at the run's seed); otherwise the first control seed runs
+# them (docs/mutants.md, "Control seeds"). `(file, -k expression or None for the whole file)`.
+SEED_INDEPENDENT = (
+    ("parity/suites/ar/test_recompiles.py", None),
+    ("parity/suites/dit/test_recompiles.py", None),
+    ("parity/suites/ar/test_fail_closed_capture.py", "missing_probe"),
+)
+SEED_INDEPENDENT_FILES = tuple(file for file, expression in SEED_INDEPENDENT if expression is None)
 CHILD_TIMEOUT_S = 900
-# The suites' own modules as well: each child then starts with its collection imports done.
-PRELOAD = (*DEFAULT_PRELOAD, "parity.suites.conftest", "parity.suites.sensitivity.catalogue")
+# The suites' own modules as well: each child then starts with its collection imports done, and
+# every module a mutant may patch is loaded before the first snapshot (`isolation.preload`).
+PRELOAD = (
+    *DEFAULT_PRELOAD,
+    "parity.suites.conftest",
+    "parity.suites.sensitivity.catalogue",
+    "parity.suites.sensitivity.isolation:preload",
+)
+ISOLATION = "parity.suites.sensitivity.isolation:isolated_session"
 EARLY_SESSIONS = pytest.StashKey["ChildSessions"]()
 SENSITIVITY_MODULE = "test_sensitivity.py"
+# Rough seconds of one session on the 2-core CPU machine, to balance batches (docs/mutants.md): a
+# control session, and a mutant whose selection compiles (a recompile lattice, Inductor) or not.
+CONTROL_COST, COMPILING_COST, MUTANT_COST = 40.0, 15.0, 1.0
 
 
 def parallel_sessions(device: str = "cpu") -> int:
@@ -57,24 +84,75 @@ def parallel_sessions(device: str = "cpu") -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """One isolated pytest session: what it runs, at which configuration, where its rows go."""
+
+    key: tuple
+    args: list[str]
+    kill: Kill
+    out: Path
+    cost: float
+    isolated: bool = False
+
+    @property
+    def is_control(self) -> bool:
+        return self.key[0] == "control"
+
+
+def run_covers_seed_independent(items: Sequence[Any], settings: Any, *, root: Path = PROJECT_ROOT) -> bool:
+    """Whether this run itself runs every seed-independent selection (`SEED_INDEPENDENT`) on the
+    correct target at the configuration the lane's mutants are killed at, so the controls can leave
+    them out. `items` are the run's selected pytest items; files are resolved against `root`."""
+    from parity.suites.sensitivity.selection import picks
+
+    if settings.target != "serving":
+        return False
+    lane = lane_of(settings.device)
+    configs = {
+        kill.config
+        for mutant in CATALOGUE.values()
+        if isinstance(kill := mutant.on(lane), Kill) and _seed_independent(kill.tests[0], _expression(kill.tests))
+    }
+    run_dtype = None if settings.dtype == _lane_dtype(lane) else settings.dtype
+    if configs - {(settings.size, run_dtype)}:
+        return False
+    return all(
+        any(picks(item, [((root / file).resolve(), expression)]) for item in items) for file, expression in SEED_INDEPENDENT
+    )
+
+
+def _expression(tests: Sequence[str]) -> str | None:
+    return tests[list(tests).index("-k") + 1] if "-k" in tests else None
+
+
+def _seed_independent(path: str, expression: str | None) -> bool:
+    return (path, None) in SEED_INDEPENDENT or (path, expression) in SEED_INDEPENDENT
+
+
+def _lane_dtype(lane: str) -> str:
+    return "fp32" if lane == "cpu" else "bf16"
+
+
 class ChildSessions:
     """The run's isolated pytest sessions on one pre-imported fork server (`parallel` at a time).
-    Sessions started up front are collected by key; a test whose session was not started runs it
-    when it asks for the result."""
+    Sessions started up front (in batches) are collected by key; a test whose session was not
+    started runs it alone when it asks for the result."""
 
-    def __init__(self, server: PytestForkServer, settings: Any, parallel: int) -> None:
+    def __init__(self, server: PytestForkServer, settings: Any, parallel: int, *, covered: bool = False) -> None:
         self.server, self.settings, self.parallel = server, settings, parallel
-        self.started: dict[tuple, tuple[Any, Path]] = {}
+        self.covered = covered  # the run runs the seed-independent files itself (controls leave them out)
+        self.started: dict[tuple, tuple[Any, int, Path]] = {}
 
     @classmethod
     @contextmanager
-    def open(cls, settings: Any, parallel: int, jobs: int | None = None) -> Iterator[ChildSessions]:
+    def open(cls, settings: Any, parallel: int, jobs: int | None = None, *, covered: bool = False) -> Iterator[ChildSessions]:
         """A server running `jobs` sessions at once (default `parallel`) until `all_cores`."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
         env["PARITY_SENSITIVITY_JOBS"] = "1"  # a child session never starts sessions of its own early
         with PytestForkServer(cwd=PROJECT_ROOT, env=env, preload=PRELOAD, jobs=jobs or parallel) as server:
-            yield cls(server, settings, parallel)
+            yield cls(server, settings, parallel, covered=covered)
 
     def all_cores(self) -> None:
         """The run's own tests now only wait for these sessions: run `parallel` of them at once."""
@@ -100,40 +178,93 @@ class ChildSessions:
         ]
         return argv + (["--parity-dtype", kill.dtype] if kill.dtype else [])
 
-    def start(self, key: tuple, args: list[str], kill: Kill, out: Path) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        future = self.server.submit(self.argv(args, kill, out), out / "child.log", timeout=CHILD_TIMEOUT_S)
-        self.started[key] = (future, out)
+    def control_sessions(self, seed: int, out: Path) -> list[Session]:
+        """The control of `seed`: one session per kill configuration."""
+        lane = lane_of(self.settings.device)
+        sessions = []
+        for index, (config, selection) in enumerate(control_selections(lane, seed, covered=self.covered).items()):
+            key = ("control", seed, index)
+            sessions.append(Session(key, control_args(selection, seed), config, out / f"config-{index}", CONTROL_COST))
+        return sessions
 
-    def result(self, key: tuple, args: list[str], kill: Kill, out: Path) -> tuple[int, pd.DataFrame | None, str]:
+    def mutant_session(self, name: str, out: Path) -> Session | None:
+        mutant = CATALOGUE[name]
+        kill = mutant.on(lane_of(self.settings.device))
+        if not isinstance(kill, Kill):
+            return None
+        compiling = _seed_independent(kill.tests[0], _expression(kill.tests)) or "compiled" in " ".join(kill.tests[1:]).replace(
+            "not compiled", ""
+        )
+        cost = COMPILING_COST if compiling else MUTANT_COST
+        return Session(("mutant", name), mutant_args(name, kill), kill, out, cost, isolated=mutant.isolated)
+
+    def start(self, sessions: Sequence[Session]) -> None:
+        """Submit `sessions` as one batch, in this order, isolated from each other."""
+        for session in sessions:
+            session.out.mkdir(parents=True, exist_ok=True)
+        future = self.server.submit_batch(
+            [(self.argv(s.args, s.kill, s.out), s.out / "child.log") for s in sessions],
+            isolation=ISOLATION,
+            timeout=CHILD_TIMEOUT_S * len(sessions),
+        )
+        for index, session in enumerate(sessions):
+            self.started[session.key] = (future, index, session.out)
+
+    def start_batches(self, sessions: Sequence[Session]) -> int:
+        """Start `sessions` in batches of about equal cost (isolated ones alone), the costliest
+        batches first; returns how many sessions were started."""
+        for session in sessions:
+            if session.isolated:
+                self.start([session])
+        shared = [s for s in sessions if not s.isolated]
+        for batch in balanced_batches(shared, 2 * self.parallel):
+            self.start(batch)
+        return len(sessions)
+
+    def result(self, session: Session) -> tuple[int, pd.DataFrame | None, str]:
         """The session's exit code, its rows and the tail of its log (started now if it was not)."""
-        if key not in self.started:
-            self.start(key, args, kill, out)
-        future, out = self.started.pop(key)
-        code = future.result()
+        if session.key not in self.started:
+            self.start([session])
+        future, index, out = self.started.pop(session.key)
+        code = future.result()[index]
         results = out / "child" / "results.csv"
         rows = read_results(results.parent) if results.exists() else None
         log = out / "child.log"
         lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
         return code, rows, " | ".join(lines[-3:])
 
-    def start_selected(self, items: Sequence[pytest.Item], tmp_path_factory: pytest.TempPathFactory) -> int:
-        """Start the sessions of the selected sensitivity tests among `items`, the controls (the
-        longest) first; returns how many were started."""
-        lane = lane_of(self.settings.device)
+    def planned(self, items: Sequence[pytest.Item], tmp_path_factory: pytest.TempPathFactory) -> list[Session]:
+        """The sessions of the selected sensitivity tests among `items`."""
         mine = [item for item in items if item.path.name == SENSITIVITY_MODULE and hasattr(item, "callspec")]
-        seeds = [item.callspec.params["seed"] for item in mine if "seed" in item.callspec.params]
-        names = [item.callspec.params["name"] for item in mine if "name" in item.callspec.params]
-        before = len(self.started)
-        for seed in seeds:
-            for index, (config, selection) in enumerate(control_selections(lane, seed).items()):
-                out = tmp_path_factory.mktemp(f"control-{seed}-{index}")
-                self.start(("control", seed, index), control_args(selection, seed), config, out)
-        for name in names:
-            kill = CATALOGUE[name].on(lane)
-            if isinstance(kill, Kill):
-                self.start(("mutant", name), mutant_args(name, kill), kill, tmp_path_factory.mktemp(f"mutant-{name}"))
-        return len(self.started) - before
+        sessions: list[Session] = []
+        for item in mine:
+            params = item.callspec.params
+            if "seed" in params:
+                sessions += self.control_sessions(params["seed"], tmp_path_factory.mktemp(f"control-{params['seed']}"))
+            elif "name" in params:
+                session = self.mutant_session(params["name"], tmp_path_factory.mktemp(f"mutant-{params['name']}"))
+                if session is not None:
+                    sessions.append(session)
+        return sessions
+
+    def start_selected(self, items: Sequence[pytest.Item], tmp_path_factory: pytest.TempPathFactory) -> int:
+        """Start the sessions of the selected sensitivity tests among `items`; returns how many."""
+        return self.start_batches(self.planned(items, tmp_path_factory))
+
+
+def balanced_batches(sessions: Sequence[Session], count: int) -> list[list[Session]]:
+    """`sessions` split into at most `count` batches of about equal estimated cost (the costliest
+    first, each to the lightest batch); inside a batch the mutants run first, the controls last."""
+    batches: list[list[Session]] = [[] for _ in range(max(1, count))]
+    loads = [0.0] * len(batches)
+    for session in sorted(sessions, key=lambda s: -s.cost):
+        lightest = loads.index(min(loads))
+        batches[lightest].append(session)
+        loads[lightest] += session.cost
+    ordered = [
+        sorted(batch, key=lambda s: (s.is_control, s.cost)) for batch, _ in sorted(zip(batches, loads), key=lambda b: -b[1])
+    ]
+    return [batch for batch in ordered if batch]
 
 
 @contextmanager
@@ -149,7 +280,8 @@ def start_early(session: pytest.Session, settings: Any, tmp_path_factory: pytest
     if parallel < 2 or not selected or settings.target != "serving":
         yield
         return
-    with ChildSessions.open(settings, parallel, jobs=parallel - 1) as children:
+    covered = run_covers_seed_independent(session.items, settings)
+    with ChildSessions.open(settings, parallel, jobs=parallel - 1, covered=covered) as children:
         children.start_selected(selected, tmp_path_factory)
         session.config.stash[EARLY_SESSIONS] = children
         try:
@@ -166,22 +298,23 @@ def control_args(selection: list[str], seed: int) -> list[str]:
     return [*selection, "--parity-target", "serving", "--parity-seed", str(seed)]
 
 
-def control_selections(lane: str, seed: int = CONTROL_SEEDS[0]) -> dict[Kill, list[str]]:
+def control_selections(lane: str, seed: int = CONTROL_SEEDS[0], *, covered: bool = False) -> dict[Kill, list[str]]:
     """Every test the lane's mutants are checked with, one pytest selection per configuration
     (size, dtype): the files, and each mutant's `-k` applied to its own file only
-    (`parity/suites/sensitivity/selection.py`). Seeds after the first leave out the
-    seed-independent files (`SEED_INDEPENDENT_FILES`)."""
+    (`parity/suites/sensitivity/selection.py`). The seed-independent selections
+    (`SEED_INDEPENDENT`) only in the first seed's selection, and not at all when the run `covered`
+    them itself (`run_covers_seed_independent`)."""
     groups: dict[tuple[str, str | None], tuple[list[str], list[tuple[str, str | None]]]] = {}
     for mutant in CATALOGUE.values():
         kill = mutant.on(lane)
         if isinstance(kill, NotApplicable):
             continue
-        path, *rest = kill.tests
-        if seed != CONTROL_SEEDS[0] and path in SEED_INDEPENDENT_FILES:
+        path = kill.tests[0]
+        expression = _expression(kill.tests)
+        if (covered or seed != CONTROL_SEEDS[0]) and _seed_independent(path, expression):
             continue
         files, selections = groups.setdefault(kill.config, ([], []))
         files.append(path)
-        expression = rest[rest.index("-k") + 1] if "-k" in rest else None
         if (path, expression) not in selections:
             selections.append((path, expression))
     return {

@@ -12,6 +12,12 @@ thread pool or CUDA context exists to be copied into a child (CUDA must not be i
 a fork). The server is started as a subprocess, never forked from the caller, so a caller that
 already holds CUDA (the GPU lane's pytest process) is fine.
 
+A child may also run several sessions one after the other (`submit_batch`): one fork, one
+collection of the shared imports, and between two sessions an isolation context named in the
+request (`parity.suites.sensitivity.isolation.isolated_session` puts patched modules back and
+drops built models and compiled frames), so a batch of mutants costs a fraction of one process
+each (docs/mutants.md, "How the sessions run").
+
 Several sessions may run at once (`submit` returns a future; `run` waits for one): the server
 forks up to `jobs` children at a time, queues the other requests in order, and answers each when
 its child exits, in any order. A caller with cores to spare (a serial `parity run` on a 2-core
@@ -22,14 +28,18 @@ drops the queued requests, so an interrupted or failed run leaves no session beh
 ignores SIGINT (a terminal's Ctrl-C reaches the whole process group): each child takes it as a
 pytest interrupt, and the caller's teardown closes the server.
 
-Protocol: one JSON object per line on the server's stdin (`{"id": n, "args": [...], "log": path,
-"timeout": s}`), one per line on its stdout when that child ends (`{"id": n, "code": exit code}`);
-EOF stops the server once its children have ended.
+Protocol: one JSON object per line on the server's stdin (`{"id": n, "batch": [{"args": [...],
+"log": path}, ...], "isolation": "module:function" or null, "codes": path, "timeout": s}`), one per
+line on its stdout when that child ends (`{"id": n, "codes": [exit code per session]}`: a session
+the child never finished answers the child's own exit status, 124 after a timeout); the child
+writes each session's code to the `codes` file as it ends. EOF stops the server once its children
+have ended.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import importlib
 import itertools
 import json
@@ -40,6 +50,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 # Imported once by the server, before any fork. Heavy and fork-safe (no threads, no CUDA).
 DEFAULT_PRELOAD = ("torch", "numpy", "pandas", "pytest", "xdist", "parity.plugin")
@@ -73,7 +84,7 @@ class PytestForkServer:
             bufsize=1,
         )
         self._ids = itertools.count()
-        self._pending: dict[int, concurrent.futures.Future[int]] = {}
+        self._pending: dict[int, concurrent.futures.Future[list[int]]] = {}
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read_answers, name="fork-server-answers", daemon=True)
         self._reader.start()
@@ -84,14 +95,14 @@ class PytestForkServer:
         for line in process.stdout:
             try:
                 answer = json.loads(line)
-                key, code = int(answer["id"]), int(answer["code"])
+                key, codes = int(answer["id"]), [int(code) for code in answer["codes"]]
             except (ValueError, KeyError, TypeError) as error:
                 self._fail_all(ForkServerError(f"unexpected answer from the pytest fork server: {line!r}: {error}"))
                 return
             with self._lock:
                 future = self._pending.pop(key, None)
             if future is not None:
-                future.set_result(code)
+                future.set_result(codes)
         self._fail_all(ForkServerError(f"the pytest fork server exited (code {process.wait()}) with sessions still running"))
 
     def _fail_all(self, error: Exception) -> None:
@@ -102,22 +113,54 @@ class PytestForkServer:
 
     def submit(self, args: Sequence[str], log: str | Path, *, timeout: float | None = None) -> concurrent.futures.Future[int]:
         """Start `pytest args` in a forked child (stdout and stderr to `log`); the future gives its exit code."""
+        batch = self.submit_batch([(args, log)], timeout=timeout)
+        single: concurrent.futures.Future[int] = concurrent.futures.Future()
+
+        def settle(done: concurrent.futures.Future[list[int]]) -> None:
+            error = done.exception()
+            if error is not None:
+                single.set_exception(error)
+            else:
+                single.set_result(done.result()[0])
+
+        batch.add_done_callback(settle)
+        return single
+
+    def submit_batch(
+        self,
+        sessions: Sequence[tuple[Sequence[str], str | Path]],
+        *,
+        isolation: str | None = None,
+        timeout: float | None = None,
+    ) -> concurrent.futures.Future[list[int]]:
+        """Run each `(pytest args, log)` in turn in one forked child, `isolation` (a context manager
+        factory, `module:function`) around each; the future gives their exit codes in order.
+        `timeout` covers the whole batch."""
         process = self._process
         if process.poll() is not None:
             raise ForkServerError(f"the pytest fork server exited with code {process.returncode}")
         assert process.stdin is not None
-        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        if not sessions:
+            raise ValueError("submit_batch: no session to run")
+        future: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
         key = next(self._ids)
         with self._lock:
             self._pending[key] = future
-        request = {"id": key, "args": [str(a) for a in args], "log": str(log), "timeout": timeout}
+        first_log = Path(sessions[0][1])
+        request = {
+            "id": key,
+            "batch": [{"args": [str(a) for a in args], "log": str(log)} for args, log in sessions],
+            "isolation": isolation,
+            "codes": str(first_log.with_name(first_log.name + ".codes")),
+            "timeout": timeout,
+        }
         try:
             process.stdin.write(json.dumps(request) + "\n")
             process.stdin.flush()
         except OSError as error:
             with self._lock:
                 self._pending.pop(key, None)
-            raise ForkServerError(f"the pytest fork server is gone ({error}) while starting {list(args)}") from error
+            raise ForkServerError(f"the pytest fork server is gone ({error}) while starting {sessions[0][0]}") from error
         return future
 
     def set_jobs(self, jobs: int) -> None:
@@ -156,32 +199,71 @@ class PytestForkServer:
         self.close()
 
 
-def _run_child(args: list[str], log: str) -> None:
-    """In the forked child: pytest with its output in `log`, then exit without running the
-    server's atexit handlers or flushing its buffers twice."""
+def _redirect(log: str) -> None:
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives until _exit
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _isolation(spec: str | None) -> Any:
+    if not spec:
+        return contextlib.nullcontext
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _run_child(batch: list[dict[str, Any]], isolation: str | None, codes_path: str) -> None:
+    """In the forked child: each session's pytest with its output in its log, `isolation` around
+    each; its exit code appended to `codes_path`. Then exit without running the server's atexit
+    handlers or flushing its buffers twice."""
     code = 70  # EX_SOFTWARE: pytest itself raised
+    codes: list[int] = []
     try:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives until _exit
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stdin = open(os.devnull)  # noqa: SIM115
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the server ignores it
         import pytest
 
-        code = int(pytest.main(args))
+        around = _isolation(isolation)
+        for session in batch:
+            _redirect(session["log"])
+            code = 70
+            try:
+                with around():
+                    code = int(pytest.main(session["args"]))
+            except KeyboardInterrupt:
+                raise
+            except BaseException as error:
+                print(f"forked pytest session raised {type(error).__name__}: {error}", file=sys.stderr)
+            codes.append(code)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            with open(codes_path, "w") as out:
+                json.dump(codes, out)
+        code = 0
     except BaseException as error:
-        print(f"forked pytest session raised {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"forked pytest batch raised {type(error).__name__}: {error}", file=sys.stderr)
+        code = 70
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)
+        os._exit(codes[-1] if len(codes) == len(batch) else code)
+
+
+def _answer(request: dict[str, Any], status: int) -> list[int]:
+    """The codes the child wrote, the child's exit status for the sessions it never finished."""
+    try:
+        with open(request["codes"]) as source:
+            codes = [int(code) for code in json.load(source)]
+    except (OSError, ValueError):
+        codes = []
+    return codes + [status] * (len(request["batch"]) - len(codes))
 
 
 def serve(preload: Sequence[str], jobs: int = 1) -> None:
-    """The server loop: import `preload`, then fork one child per request line on stdin (at most
+    """The server loop: import (or call) `preload`, then fork one child per request line on stdin (at most
     `jobs` at once, the rest queued in order; a `{"jobs": n}` line changes the limit), answer each
     when it ends (after `timeout` seconds it is killed and answered 124, like timeout(1)). At the
     end of stdin it kills the children still running and returns."""
@@ -190,14 +272,17 @@ def serve(preload: Sequence[str], jobs: int = 1) -> None:
     import time
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for name in preload:
-        importlib.import_module(name)
+    for name in preload:  # `module` is imported; `module:function` is imported and called
+        module, _, function = name.partition(":")
+        loaded = importlib.import_module(module)
+        if function:
+            getattr(loaded, function)()
     answers = sys.stdout
     stdin = sys.stdin.fileno()
     os.set_blocking(stdin, False)
     selector = selectors.DefaultSelector()
     selector.register(stdin, selectors.EVENT_READ)
-    running: dict[int, tuple[int, float | None]] = {}  # pid -> (request id, deadline)
+    running: dict[int, tuple[dict[str, Any], float | None]] = {}  # pid -> (request, deadline)
     queued: collections.deque[dict] = collections.deque()
     buffered = b""
     while True:
@@ -219,12 +304,14 @@ def serve(preload: Sequence[str], jobs: int = 1) -> None:
         while queued and len(running) < jobs:
             request = queued.popleft()
             answers.flush()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(request["codes"])
             pid = os.fork()
             if pid == 0:
-                _run_child(request["args"], request["log"])
+                _run_child(request["batch"], request.get("isolation"), request["codes"])
             timeout = request.get("timeout")
-            running[pid] = (int(request["id"]), None if timeout is None else time.monotonic() + timeout)
-        for pid, (key, deadline) in list(running.items()):
+            running[pid] = (request, None if timeout is None else time.monotonic() + timeout)
+        for pid, (request, deadline) in list(running.items()):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 code = os.waitstatus_to_exitcode(status)
@@ -235,7 +322,7 @@ def serve(preload: Sequence[str], jobs: int = 1) -> None:
             else:
                 continue
             del running[pid]
-            answers.write(json.dumps({"id": key, "code": code}) + "\n")
+            answers.write(json.dumps({"id": int(request["id"]), "codes": _answer(request, code)}) + "\n")
             answers.flush()
 
 

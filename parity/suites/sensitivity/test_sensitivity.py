@@ -2,13 +2,13 @@
 
 For every mutant of `parity/suites/ar/mutants.py` the suite runs, against the mutant, the tests that its
 catalogue entry selects for this run's lane (`cpu` or `cuda`, at the entry's size and dtype), in
-an isolated pytest session (a child forked from a pre-imported server, so a monkeypatch cannot
-leak), and records whether a gate row of the mutant's suite failed, with the row that killed it.
+an isolated pytest session (several per forked child of a pre-imported server, each patch put
+back before the next: `parity/suites/sensitivity/isolation.py`), and records whether a gate row of the mutant's suite failed, with the row that killed it.
 A survivor is a gap in a suite and fails here. A mutant that cannot show on this lane (an
 equivalent mutant at that configuration) is recorded `not_applicable` with its reason: never a
 pass, and not counted as applicable. The correct target must raise no alarm on the same
-selections under three other seeds (no false alarms; the compile-count suites under the first of
-them only, `runs.SEED_INDEPENDENT_FILES`). vllm-project/vllm-omni#7455's lesson: emptying
+selections under three other seeds (no false alarms; the selections no seed can change under the
+first of them only, or not at all when this run runs them itself: `runs.SEED_INDEPENDENT`). vllm-project/vllm-omni#7455's lesson: emptying
 `_repeated_blocks` passed all four tests of the original compile-parity suite.
 """
 
@@ -27,10 +27,8 @@ from parity.suites.sensitivity.runs import (
     CONTROL_SEEDS,
     EARLY_SESSIONS,
     ChildSessions,
-    control_args,
-    control_selections,
-    mutant_args,
     parallel_sessions,
+    run_covers_seed_independent,
 )
 
 pytestmark = [pytest.mark.suite("sensitivity"), pytest.mark.slow]
@@ -45,7 +43,8 @@ def sessions(request: pytest.FixtureRequest, settings, tmp_path_factory: pytest.
         early.all_cores()
         yield early
         return
-    with ChildSessions.open(settings, parallel_sessions(settings.device)) as children:
+    covered = run_covers_seed_independent(request.session.items, settings)
+    with ChildSessions.open(settings, parallel_sessions(settings.device), covered=covered) as children:
         if children.parallel > 1 and settings.target == "serving":
             children.start_selected(request.session.items, tmp_path_factory)
         yield children
@@ -77,7 +76,7 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
             better="equal",
         )
         return
-    code, rows, tail = sessions.result(("mutant", name), mutant_args(name, kill), kill, tmp_path)
+    code, rows, tail = sessions.result(sessions.mutant_session(name, tmp_path))
     killers = _failing(rows, mutant.suite)
     killed = code != 0 and not killers.empty
     where = f"{lane} lane, {kill.size}" + (f" {kill.dtype}" if kill.dtype else "")
@@ -100,12 +99,11 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
 def test_correct_target_raises_no_alarm(seed: int, report, settings, sessions, tmp_path: Path) -> None:
     lane = lane_of(settings.device)
     alarms, cases, exits, tails = [], 0, [], []
-    for index, (config, selection) in enumerate(control_selections(lane, seed).items()):
-        out = tmp_path / f"config-{index}"
-        code, rows, tail = sessions.result(("control", seed, index), control_args(selection, seed), config, out)
+    for session in sessions.control_sessions(seed, tmp_path):
+        code, rows, tail = sessions.result(session)
         exits.append(code)
         if rows is None:
-            tails.append(f"{config.size}/{config.dtype or 'lane dtype'}: no rows ({tail[:200]})")
+            tails.append(f"{session.kill.size}/{session.kill.dtype or 'lane dtype'}: no rows ({tail[:200]})")
             continue
         alarms.append(_failing(rows))
         cases += rows[["suite", "case", "mode"]].drop_duplicates().shape[0]
