@@ -11,6 +11,7 @@ still reads and reports every whole row.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import socket
@@ -101,11 +102,11 @@ class Review:
     def complete(self) -> bool:
         return not self.incomplete
 
-    @property
+    @functools.cached_property
     def summary(self) -> pd.DataFrame:
         return summarize(self.frame)
 
-    @property
+    @functools.cached_property
     def failing(self) -> pd.DataFrame:
         return failing_rows(self.frame)
 

@@ -345,16 +345,17 @@ def case_verdicts(frame: pd.DataFrame) -> pd.DataFrame:
     return worst.map(names).rename("verdict").reset_index()
 
 
-def _badness(row: pd.Series) -> float:
-    """How close a gate row came to its bound (1.0 = at the bound, > 1 = over it)."""
-    value, threshold = row["value"], row["threshold"]
-    if row["verdict"] == ERROR:
+def _badness(row: Any) -> float:
+    """How close a gate row came to its bound (1.0 = at the bound, > 1 = over it); `row` has the
+    columns as attributes (a row of `DataFrame.itertuples`)."""
+    value, threshold = row.value, row.threshold
+    if row.verdict == ERROR:
         return math.inf
-    if row["verdict"] in (NOT_APPLICABLE, SKIP) or pd.isna(value) or pd.isna(threshold):
+    if row.verdict in (NOT_APPLICABLE, SKIP) or pd.isna(value) or pd.isna(threshold):
         return -math.inf
-    if row["better"] == "equal":
+    if row.better == "equal":
         return 0.0 if value == threshold else math.inf
-    if row["better"] == "higher":
+    if row.better == "higher":
         return threshold / value if value not in (0, math.inf) else (0.0 if value == math.inf else math.inf)
     if threshold == 0:
         return 0.0 if value == 0 else math.inf
@@ -371,7 +372,7 @@ def summarize(frame: pd.DataFrame, seconds: Mapping[str, float] | None = None) -
         gates = frame[(frame["suite"] == suite) & (frame["kind"] != "info")]
         worst = ""
         if not gates.empty:
-            scored = gates.assign(badness=gates.apply(_badness, axis=1))
+            scored = gates.assign(badness=[_badness(row) for row in gates.itertuples(index=False)])
             top = scored.sort_values("badness", ascending=False, kind="stable").iloc[0]
             if top["badness"] != -math.inf:
                 bound = "" if pd.isna(top["threshold"]) else f" (bound {top['threshold']:.4g})"
