@@ -63,7 +63,7 @@ def reference_decode(models: ARModels, prompt: torch.Tensor, steps: int) -> Refe
     out = models.reference.greedy_generate(prompt, steps)
     length = prompt.shape[1]
     sequence = torch.cat([prompt, out.tokens], dim=1)
-    golden = models.golden.forward(sequence).logits[:, length - 1 : length - 1 + steps]
+    golden = models.golden_forward(sequence).logits[:, length - 1 : length - 1 + steps]
     return ReferenceDecode(prompt, out.tokens, out.step_logits, golden)
 
 

@@ -209,6 +209,10 @@ class ARModels:
     dtype: torch.dtype
     checkpoint_dir: Path | None
     seed: int
+    # the reference's and the golden's forward per input ids, computed once per session: every
+    # mode of every suite judges against the same truth (on the GPU lane the fp64 golden of the
+    # 28-layer backbone is the costliest forward of a case)
+    _truth: dict[tuple[str, tuple[int, ...], bytes], Any] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def start(self) -> int:
@@ -216,6 +220,20 @@ class ARModels:
 
     def ids(self, rows: Sequence[Sequence[Token]]) -> torch.Tensor:
         return token_tensor(rows, self.config, self.size, self.device)
+
+    def _forward_once(self, which: str, ids: torch.Tensor) -> Any:
+        key = (which, tuple(ids.shape), ids.detach().cpu().numpy().tobytes())
+        if key not in self._truth:
+            self._truth[key] = getattr(self, which).forward(ids)
+        return self._truth[key]
+
+    def reference_forward(self, ids: torch.Tensor) -> Any:
+        """`reference.forward(ids)`, computed once per distinct ids (callers must not change it in place)."""
+        return self._forward_once("reference", ids)
+
+    def golden_forward(self, ids: torch.Tensor) -> Any:
+        """`golden.forward(ids)` (fp64), computed once per distinct ids (callers must not change it in place)."""
+        return self._forward_once("golden", ids)
 
 
 def build_ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> ARModels:

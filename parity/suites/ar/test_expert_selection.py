@@ -103,7 +103,7 @@ def _judge_against_golden(report, models, mode: str, case: str, ids, eager_logit
     rounding of bf16 GEMMs of other shapes (the blend runs each expert on every row, eager dispatch
     on the gathered rows) compounds over the layers (0.07 max abs on the 28-layer model's logits on
     the H200), while the other expert moves a row by far more than eager dispatch's own distance."""
-    golden = models.golden.forward(ids).logits
+    golden = models.golden_forward(ids).logits
     verdict = judge(graph_logits, eager_logits, golden, name="logits vs eager dispatch, judged against the fp64 golden")
     report.verdict(verdict, case=case, mode=mode, site="logits")
     measured = diff(eager_logits, graph_logits, name="logits vs eager dispatch")

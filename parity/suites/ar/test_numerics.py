@@ -36,8 +36,8 @@ def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_m
     taps = moe_taps(models.target)
     with runner.prepare(models.target.forward, (ids,), dummy="zeros", taps=taps, name="forward") as run:
         got = run(ids).output
-    want = models.reference.forward(ids)
-    golden = models.golden.forward(ids)
+    want = models.reference_forward(ids)
+    golden = models.golden_forward(ids)
     sites = [
         (f"layer.{i}", got.hidden_states[i], want.hidden_states[i], golden.hidden_states[i])
         for i in range(len(want.hidden_states))
@@ -127,7 +127,7 @@ def test_first_differing_row_is_the_first_gen_token(prompt: Prompt, ar_models, r
     if models.dtype == torch.float32:
         observed = _first_differing_position(routed, und_only, TOL["graph_vs_eager_fp32"])
     else:
-        reference, golden = models.reference.forward(ids).hidden_states[-1], models.golden.forward(ids).hidden_states[-1]
+        reference, golden = models.reference_forward(ids).hidden_states[-1], models.golden_forward(ids).hidden_states[-1]
         observed = _first_row_above_noise(routed, und_only, reference, golden)
     for b in mixed_rows:
         expected = int(gen[b].nonzero()[0])
