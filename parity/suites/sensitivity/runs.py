@@ -71,17 +71,22 @@ CONTROL_COST, COMPILING_COST, MUTANT_COST = 40.0, 15.0, 1.0
 
 
 def parallel_sessions(device: str = "cpu") -> int:
-    """How many child sessions to run at once: the cores this process may use (at most 4) when it is
-    the only test process; one under xdist (the sibling workers use the other cores). On CUDA the
-    children build tiny models (a CUDA context and well under 1 GiB each beside the parent's
-    full-size models): four at once ran the H200 lane's suite in 280 s, one at a time did not finish
-    two thirds of it in 300 s. PARITY_SENSITIVITY_JOBS overrides it."""
+    """How many child sessions to run at once when this is the only test process (one under xdist:
+    the sibling workers use the other cores): the cores this process may use, at most 4 on the CPU
+    lane; on CUDA half of them, at most 8. A CUDA child builds tiny models (a CUDA context and well
+    under 1 GiB each beside the parent's full-size models) and is bound by its Python overhead, not
+    by the GPU: four at once ran the H200 lane's suite in 280 s, one at a time did not finish two
+    thirds of it in 300 s, and every CUDA mutant now has a process of its own (`mutant_session`).
+    PARITY_SENSITIVITY_JOBS overrides it."""
     override = os.environ.get("PARITY_SENSITIVITY_JOBS")
     if override:
         return max(1, int(override))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return 1
-    return max(1, min(len(os.sched_getaffinity(0)), 4))
+    cores = len(os.sched_getaffinity(0))
+    if lane_of(device) == "cuda":
+        return max(1, min(cores // 2, 8))
+    return max(1, min(cores, 4))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +201,11 @@ class ChildSessions:
             "not compiled", ""
         )
         cost = COMPILING_COST if compiling else MUTANT_COST
-        return Session(("mutant", name), mutant_args(name, kill), kill, out, cost, isolated=mutant.isolated)
+        # On CUDA a mutant's failed graph capture poisons the process it ran in (the RNG refuses to
+        # work afterwards: docs/capture-and-compile.md §1), and several mutants make a capture fail on
+        # purpose: every CUDA mutant gets a process of its own (a control after one errored on the H200).
+        isolated = mutant.isolated or lane_of(self.settings.device) == "cuda"
+        return Session(("mutant", name), mutant_args(name, kill), kill, out, cost, isolated=isolated)
 
     def start(self, sessions: Sequence[Session]) -> None:
         """Submit `sessions` as one batch, in this order, isolated from each other."""
