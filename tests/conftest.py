@@ -1,5 +1,11 @@
-"""Tests of the harness itself belong to the CPU lane whatever --device says (unless marked gpu)."""
+"""Tests of the harness itself belong to the CPU lane whatever --device says (unless marked gpu).
 
+The session's shared runs (`tests/shared_run.py`): the tests that read a run of the suites ask for
+it through a fixture below; each run those tests need starts in the background before the first
+test (one xdist worker makes it, the others wait for it), and the tests that read them run last.
+"""
+
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -7,11 +13,17 @@ import pytest
 # Fixtures shared by several test modules, registered here once (a fixture imported into each
 # module would be a separate fixture per module).
 from tests.ar_support import reference, serving, tiny_dir  # noqa: F401
-from tests.review_run import tiny_run  # noqa: F401  (session fixture: one real tiny run)
+from tests.shared_run import EXAMPLE, LANE, REFERENCE, SUITES_BUT_SENSITIVITY, SharedRun, SharedRuns, shared_root
 
 pytest_plugins = ["pytester"]  # in-process pytest sessions for the plugin's own tests
 
 _HERE = Path(__file__).resolve().parent
+# fixture -> the run it reads; `suites_run` is read from the lane run when the session makes one
+SHARED_RUN_FIXTURES = {"lane_run": LANE, "suites_run": SUITES_BUT_SENSITIVITY, "example_run": EXAMPLE, "reference_run": REFERENCE}
+
+
+def _reads_a_shared_run(item: pytest.Item) -> bool:
+    return bool(set(getattr(item, "fixturenames", ())) & set(SHARED_RUN_FIXTURES))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -20,3 +32,52 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         in_tests = _HERE in Path(str(item.path)).resolve().parents
         if in_tests and item.get_closest_marker("gpu") is None and item.get_closest_marker("cpu") is None:
             item.add_marker(pytest.mark.cpu)
+    items.sort(key=_reads_a_shared_run)  # the readers last: the runs they read go on meanwhile
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedRuns | None]:
+    """Start, before this process's first test, every shared run a selected test reads; at the end
+    wait for the runs this process started."""
+    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ()) if name in SHARED_RUN_FIXTURES}
+    if not wanted:
+        yield None
+        return
+    runs = SharedRuns(shared_root(tmp_path_factory.getbasetemp()))
+    specs = [SHARED_RUN_FIXTURES[name] for name in sorted(wanted)]
+    for spec in specs:
+        if not any(other is not spec and other.covers(spec) for other in specs):
+            runs.start(spec)
+    try:
+        yield runs
+    finally:
+        runs.join()
+
+
+def _read(runs: SharedRuns | None, fixture: str) -> SharedRun:
+    assert runs is not None, f"{fixture}: the shared runs were not set up"
+    return runs.get(SHARED_RUN_FIXTURES[fixture])
+
+
+@pytest.fixture(scope="session")
+def lane_run(shared_runs: SharedRuns | None) -> SharedRun:
+    """The CPU lane's run of the built-in target: every suite, sensitivity included (`parity run`)."""
+    return _read(shared_runs, "lane_run")
+
+
+@pytest.fixture(scope="session")
+def suites_run(shared_runs: SharedRuns | None) -> SharedRun:
+    """Every suite but sensitivity on the built-in target: the lane run when this session makes it."""
+    return _read(shared_runs, "suites_run")
+
+
+@pytest.fixture(scope="session")
+def example_run(shared_runs: SharedRuns | None) -> SharedRun:
+    """The example engine (examples/engine_target) through every AR suite."""
+    return _read(shared_runs, "example_run")
+
+
+@pytest.fixture(scope="session")
+def reference_run(shared_runs: SharedRuns | None) -> SharedRun:
+    """`--target reference` through every suite but sensitivity."""
+    return _read(shared_runs, "reference_run")

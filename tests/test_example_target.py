@@ -15,10 +15,12 @@ import pytest
 
 from parity.report import read_results
 from tests.helpers import PROJECT_ROOT, run_pytest
+from tests import shared_run
+from tests.shared_run import SharedRun
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 
-EXAMPLE = "examples.engine_target.parity_target:make_target"
+EXAMPLE = shared_run.EXAMPLE.target
 AR_SUITES = "parity/suites/ar"
 
 
@@ -28,13 +30,10 @@ def _run(tmp: Path, target: str, *selection: str) -> tuple[int, str, pd.DataFram
     return result.returncode, result.stdout + result.stderr, read_results(tmp / "r")
 
 
-@pytest.fixture(scope="module")
-def example_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, pd.DataFrame]:
-    return _run(tmp_path_factory.mktemp("example"), EXAMPLE, AR_SUITES)
-
-
-def test_the_example_engine_passes_every_ar_suite(example_run) -> None:
-    code, output, frame = example_run
+def test_the_example_engine_passes_every_ar_suite(example_run: SharedRun) -> None:
+    """The example's run of every AR suite (`parity run --target <example>`), made once per session
+    (tests/shared_run.py)."""
+    code, output, frame = example_run.returncode, example_run.stdout, example_run.rows
     assert code == 0, output[-4000:]
     gates = frame[frame["kind"] == "gate"]
     assert set(gates["suite"]) == {
@@ -53,10 +52,10 @@ def test_the_example_engine_passes_every_ar_suite(example_run) -> None:
     assert {"eager", "cpu_graph", "compiled"} <= set(routed["mode"]) and (routed["verdict"] == "pass").all()
 
 
-def test_declared_engine_policies_are_not_applicable_rows_with_the_reason(example_run) -> None:
+def test_declared_engine_policies_are_not_applicable_rows_with_the_reason(example_run: SharedRun) -> None:
     from examples.engine_target.parity_target import EngineTarget
 
-    _, _, frame = example_run
+    frame = example_run.rows
     na = frame[frame["verdict"] == "not_applicable"]
     for policy, reason in EngineTarget.not_applicable.items():
         rows = na[na["detail"].str.contains(f"engine policy '{policy}'", regex=False)]

@@ -3,12 +3,9 @@ itself), graph modes skip with the reference's reason, and every suite still wri
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from parity.report import read_results
-from tests.helpers import run_pytest
+from tests.shared_run import SharedRun
 
 pytestmark = pytest.mark.slow
 
@@ -26,32 +23,14 @@ SUITES_WITH_ROWS = {
 }
 
 
-def test_every_suite_runs_and_passes_against_the_reference(tmp_path: Path) -> None:
-    out = tmp_path / "reports"
-    result = run_pytest(
-        [
-            "parity/suites",
-            "-m",
-            "cpu and not benchmark",
-            "--parity-target",
-            "reference",
-            "-q",
-            "-rs",
-            "--parity-report-dir",
-            str(out),
-            "--parity-run-id",
-            "ref",
-            "--deselect",
-            "parity/suites/sensitivity/test_sensitivity.py",
-            "-n",
-            "2",
-        ],
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    frame = read_results(out / "ref")
+def test_every_suite_runs_and_passes_against_the_reference(reference_run: SharedRun) -> None:
+    """The reference's run of every suite but sensitivity (`parity run --target reference`), made
+    once per session (tests/shared_run.py)."""
+    assert reference_run.returncode == 0, reference_run.stdout[-4000:]
+    frame = reference_run.rows
     gates = frame[frame["kind"] == "gate"]
     assert not gates["verdict"].isin(["fail", "error"]).any()
     assert set(frame["suite"]) >= SUITES_WITH_ROWS, sorted(set(frame["suite"]))
     assert (frame["target"] == "reference").all()
-    assert "supports_capture=False" in result.stdout  # graph modes skip with the reference's reason
+    skipped = frame[frame["verdict"] == "skip"]
+    assert skipped["detail"].str.contains("supports_capture=False").any()  # graph modes skip with the reference's reason

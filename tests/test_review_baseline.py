@@ -27,7 +27,7 @@ from parity.report.baseline import (
     write_baseline,
 )
 from tests.helpers import PROJECT_ROOT, run_parity
-from tests.review_run import TinyRun, copy_run, write_rows
+from tests.shared_run import SharedRun, copy_run, write_rows
 
 COMMITTED_CPU_BASELINE = PROJECT_ROOT / "reports" / "baselines" / "cpu-fp32.csv"
 
@@ -38,8 +38,8 @@ COMMITTED_CPU_BASELINE = PROJECT_ROOT / "reports" / "baselines" / "cpu-fp32.csv"
 
 
 @pytest.fixture(scope="module")
-def template(tiny_run: TinyRun) -> pd.Series:
-    return read_results(tiny_run.run_dir).iloc[0]
+def template(suites_run: SharedRun) -> pd.Series:
+    return read_results(suites_run.run_dir).iloc[0]
 
 
 def rows(template: pd.Series, *specs: dict) -> pd.DataFrame:
@@ -293,11 +293,11 @@ def test_allowance_used_edges() -> None:
     assert math.isnan(allowance_used(1.0, math.nan, "lower")) and math.isnan(allowance_used(1.0, 1.0, "equal"))
 
 
-def test_device_kind_and_default_path(tiny_run: TinyRun) -> None:
+def test_device_kind_and_default_path(suites_run: SharedRun) -> None:
     assert device_kind("cuda", "NVIDIA H200") == "h200"
     assert device_kind("cuda", "NVIDIA GeForce RTX 4090") == "geforce-rtx-4090"
     assert device_kind("cpu", "x86_64") == "cpu"
-    path = default_baseline_path(tiny_run.run_dir, read_results(tiny_run.run_dir))
+    path = default_baseline_path(suites_run.run_dir, read_results(suites_run.run_dir))
     assert path == PROJECT_ROOT / "reports" / "baselines" / "cpu-fp32.csv"
 
 
@@ -366,8 +366,8 @@ def test_a_mutants_run_still_shows_regressions_against_any_kernel_set(recorded, 
 # ---------------------------------------------------------------------------------------------
 
 
-def test_a_written_baseline_drops_volatile_columns_sorts_and_round_trips(tiny_run: TinyRun, tmp_path: Path) -> None:
-    frame = read_results(tiny_run.run_dir)
+def test_a_written_baseline_drops_volatile_columns_sorts_and_round_trips(suites_run: SharedRun, tmp_path: Path) -> None:
+    frame = read_results(suites_run.run_dir)
     path = write_baseline(frame.iloc[::-1], tmp_path / "b.csv")  # reversed: the file must not care
     text = path.read_text()
     header = text.splitlines()[0].split(",")
@@ -379,8 +379,8 @@ def test_a_written_baseline_drops_volatile_columns_sorts_and_round_trips(tiny_ru
     assert len(loaded) == len(frame)
 
 
-def test_a_failing_run_is_not_written_as_a_baseline(tiny_run: TinyRun, tmp_path: Path) -> None:
-    frame = read_results(tiny_run.run_dir)
+def test_a_failing_run_is_not_written_as_a_baseline(suites_run: SharedRun, tmp_path: Path) -> None:
+    frame = read_results(suites_run.run_dir)
     frame.loc[frame.index[0], "verdict"] = "fail"
     with pytest.raises(BaselineError, match="refusing to write a baseline from a run with 1 failing gate row"):
         write_baseline(frame, tmp_path / "b.csv")
@@ -407,9 +407,9 @@ def _low_share_gate_row(frame: pd.DataFrame) -> int:
 
 
 @pytest.fixture
-def reviewed(tiny_run: TinyRun, tmp_path: Path) -> tuple[Path, Path, pd.DataFrame]:
+def reviewed(suites_run: SharedRun, tmp_path: Path) -> tuple[Path, Path, pd.DataFrame]:
     """A copy of the tiny run, its baseline (written with --write-baseline), and its rows."""
-    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
+    run_dir = copy_run(suites_run.run_dir, tmp_path / "run")
     base = tmp_path / "baselines" / "cpu-fp32.csv"
     assert main(["review", str(run_dir), "--no-baseline", "--write-baseline", str(base)]) == 0
     return run_dir, base, read_results(run_dir)
@@ -490,28 +490,25 @@ def test_unusable_inputs_exit_2(reviewed, tmp_path: Path, capsys: pytest.Capture
     assert "was made for device=cpu dtype=bf16" in capsys.readouterr().err
 
 
-def test_the_committed_cpu_baseline_is_clean_against_a_fresh_run(tiny_run: TinyRun, tmp_path: Path) -> None:
-    """`parity review` with no --baseline picks reports/baselines/cpu-fp32.csv (device kind + dtype)."""
+def test_the_committed_cpu_baseline_is_clean_against_a_fresh_run(suites_run: SharedRun, tmp_path: Path) -> None:
+    """`parity review` with no --baseline picks reports/baselines/cpu-fp32.csv (device kind + dtype).
+    Every suite of the run is compared in full (a run without sensitivity, under a second kernel
+    set in `.ci/run`, leaves that suite out: a suite without rows is not compared)."""
     assert COMMITTED_CPU_BASELINE.is_file(), (
         "regenerate with: parity run --run-id cpu-baseline && parity review reports/runs/cpu-baseline --write-baseline"
     )
-    # The tiny run samples one mutant of the sensitivity suite (its full run takes minutes); the
-    # baseline holds all of them, so the sample would read as vanished mutants: leave it out
-    # (a suite without rows is not compared). Every other suite of the run is compared in full.
-    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
-    frame = read_results(run_dir)
-    write_rows(run_dir, frame[frame["suite"] != "sensitivity"])
+    run_dir = copy_run(suites_run.run_dir, tmp_path / "run")
     result = run_parity(["review", str(run_dir)])
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"baseline {COMMITTED_CPU_BASELINE}:" in result.stdout and "regressions: 0" in result.stdout
 
 
-def test_without_run_dir_the_latest_run_is_reviewed(tiny_run: TinyRun, tmp_path: Path) -> None:
+def test_without_run_dir_the_latest_run_is_reviewed(suites_run: SharedRun, tmp_path: Path) -> None:
     import os
 
     from parity.report.review import latest_run_dir
 
-    older, newer = copy_run(tiny_run.run_dir, tmp_path / "a-older"), copy_run(tiny_run.run_dir, tmp_path / "b-newer")
+    older, newer = copy_run(suites_run.run_dir, tmp_path / "a-older"), copy_run(suites_run.run_dir, tmp_path / "b-newer")
     (tmp_path / "c-empty").mkdir()  # a run directory without rows is not a candidate
     os.utime(older / "results.csv", (1_000_000_000, 1_000_000_000))
     assert latest_run_dir(tmp_path) == newer

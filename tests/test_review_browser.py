@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from parity.report.page import PAGE_FILE
-from tests.review_run import TinyRun, copy_run
+from tests.shared_run import SharedRun, copy_run
 from tests.test_review_page import PageParser
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -71,21 +71,21 @@ def body_counts(dom: str) -> tuple[int, int]:
     return int(loaded.group(1)), int(total.group(1))
 
 
-def test_the_rendered_page_has_its_title_summary_table_and_loaded_images(tiny_run: TinyRun, tmp_path: Path) -> None:
-    dom = rendered_dom(tiny_run.run_dir, tmp_path)
+def test_the_rendered_page_has_its_title_summary_table_and_loaded_images(lane_run: SharedRun, tmp_path: Path) -> None:
+    dom = rendered_dom(lane_run.run_dir, tmp_path)
     parsed = PageParser()
     parsed.feed(dom)
-    assert parsed.title == f"parity review: {tiny_run.run_dir.name}"
+    assert parsed.title == f"parity review: {lane_run.run_dir.name}"
     assert "summary-table" in parsed.tables and len(parsed.tables["summary-table"]) > 1
     loaded, total = body_counts(dom)
     assert total >= 1 and loaded == total
 
 
-def test_the_screenshot_is_not_blank(tiny_run: TinyRun, tmp_path: Path) -> None:
+def test_the_screenshot_is_not_blank(lane_run: SharedRun, tmp_path: Path) -> None:
     from PIL import Image
 
     shot = tmp_path / "page.png"
-    chromium(tiny_run.run_dir / PAGE_FILE, tmp_path / "profile-shot", f"--screenshot={shot}", "--window-size=1280,2400")
+    chromium(lane_run.run_dir / PAGE_FILE, tmp_path / "profile-shot", f"--screenshot={shot}", "--window-size=1280,2400")
     assert shot.is_file()
     with Image.open(shot) as image:
         pixels = np.asarray(image.convert("RGB"))
@@ -94,9 +94,9 @@ def test_the_screenshot_is_not_blank(tiny_run: TinyRun, tmp_path: Path) -> None:
     assert pixels.std() > 10 and len(np.unique(pixels.reshape(-1, 3), axis=0)) > 100
 
 
-def test_a_missing_image_shows_in_the_rendered_page(tiny_run: TinyRun, tmp_path: Path) -> None:
+def test_a_missing_image_shows_in_the_rendered_page(lane_run: SharedRun, tmp_path: Path) -> None:
     """The broken variant: the same checks see an image that does not load."""
-    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
+    run_dir = copy_run(lane_run.run_dir, tmp_path / "run")
     parsed = PageParser()
     parsed.feed((run_dir / PAGE_FILE).read_text())
     first_image = next(ref for tag, ref in parsed.references if tag == "img")

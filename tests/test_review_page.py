@@ -12,7 +12,7 @@ from urllib.parse import unquote, urlsplit
 from parity.report import read_results
 from parity.report.page import PAGE_FILE, SUITE_VIEWS, split_metric, write_page
 from parity.report.review import load_review
-from tests.review_run import TinyRun, copy_run, write_rows, writer_for
+from tests.shared_run import SharedRun, copy_run, write_rows, writer_for
 
 SECTION_ORDER = ("summary", "baseline", "numerics", "recompiles", "images", "routing", "sensitivity", "rows", "environment")
 VIEW_ANCHORS = tuple(view.anchor for view in SUITE_VIEWS)
@@ -93,36 +93,36 @@ def rebuild(run_dir: Path) -> PageParser:
     return parse_page(run_dir)
 
 
-def test_parity_run_writes_the_page(tiny_run: TinyRun) -> None:
-    assert tiny_run.page_written_by_run
-    assert f"review page: {tiny_run.run_dir / PAGE_FILE}" in tiny_run.run_stdout
+def test_parity_run_writes_the_page(lane_run: SharedRun) -> None:
+    assert (lane_run.run_dir / PAGE_FILE).is_file()  # written by `parity run` itself: readers change copies
+    assert f"review page: {lane_run.run_dir / PAGE_FILE}" in lane_run.stdout
 
 
-def test_every_link_and_image_of_the_page_exists(tiny_run: TinyRun) -> None:
-    page = parse_page(tiny_run.run_dir)
+def test_every_link_and_image_of_the_page_exists(lane_run: SharedRun) -> None:
+    page = parse_page(lane_run.run_dir)
     images = [ref for tag, ref in page.references if tag == "img"]
     assert images, "the page shows no image"
     assert any(ref.startswith("review/") for ref in images) and any(ref.startswith("images/") for ref in images)
-    assert broken_references(tiny_run.run_dir) == []
+    assert broken_references(lane_run.run_dir) == []
 
 
-def test_the_link_check_sees_a_missing_image(tiny_run: TinyRun, tmp_path: Path) -> None:
+def test_the_link_check_sees_a_missing_image(lane_run: SharedRun, tmp_path: Path) -> None:
     """The broken variant of the test above: remove one image the page references."""
-    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
+    run_dir = copy_run(lane_run.run_dir, tmp_path / "run")
     first_image = next(ref for tag, ref in parse_page(run_dir).references if tag == "img")
     (run_dir / unquote(first_image)).unlink()
     assert broken_references(run_dir) == [f"img {first_image}: no such file in the run directory"]
 
 
-def test_sections_come_in_review_order_and_the_page_names_the_run(tiny_run: TinyRun) -> None:
-    page = parse_page(tiny_run.run_dir)
+def test_sections_come_in_review_order_and_the_page_names_the_run(lane_run: SharedRun) -> None:
+    page = parse_page(lane_run.run_dir)
     positions = [page.ids.index(anchor) for anchor in SECTION_ORDER]
     assert positions == sorted(positions)
-    assert page.title == f"parity review: {tiny_run.run_dir.name}"
+    assert page.title == f"parity review: {lane_run.run_dir.name}"
     summary = page.tables["summary-table"]
     assert summary[0][:6] == ["suite", "cases", "pass", "fail", "tie_flip", "error"]
     suites = {row[0] for row in summary[1:]}
-    assert set(read_results(tiny_run.run_dir)["suite"]) == suites
+    assert set(read_results(lane_run.run_dir)["suite"]) == suites
     environment = dict(page.tables["environment"][1:])
     assert environment["torch"] and environment["device"] == "cpu" and environment["git_sha"]
 
@@ -161,8 +161,8 @@ def _inject_failures(run_dir: Path) -> None:
     )
 
 
-def test_failing_rows_come_first_and_text_is_escaped(tiny_run: TinyRun, tmp_path: Path) -> None:
-    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
+def test_failing_rows_come_first_and_text_is_escaped(lane_run: SharedRun, tmp_path: Path) -> None:
+    run_dir = copy_run(lane_run.run_dir, tmp_path / "run")
     _inject_failures(run_dir)
     page = rebuild(run_dir)
     summary = page.tables["summary-table"]
@@ -187,9 +187,9 @@ def _nav_links(text: str) -> list[str]:
     return re.findall(r'href="#([^"]+)"', nav)
 
 
-def test_absent_suites_leave_out_their_views_without_a_crash(tiny_run: TinyRun, tmp_path: Path) -> None:
+def test_absent_suites_leave_out_their_views_without_a_crash(lane_run: SharedRun, tmp_path: Path) -> None:
     """A run of the self-checks alone: no suite-specific view, and no link to one; files missing too."""
-    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
+    run_dir = copy_run(lane_run.run_dir, tmp_path / "run")
     frame = read_results(run_dir)
     write_rows(run_dir, frame[frame["suite"] == "selfcheck"])
     for png in (run_dir / "images").rglob("*.png") if (run_dir / "images").exists() else []:
@@ -205,10 +205,10 @@ def test_absent_suites_leave_out_their_views_without_a_crash(tiny_run: TinyRun, 
     assert broken_references(run_dir) == []
 
 
-def test_suites_come_from_the_rows(tiny_run: TinyRun, tmp_path: Path) -> None:
+def test_suites_come_from_the_rows(lane_run: SharedRun, tmp_path: Path) -> None:
     """A suite the page has never heard of is listed (summary, navigation, all rows); a view appears
     as soon as its suite has rows, and only then."""
-    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
+    run_dir = copy_run(lane_run.run_dir, tmp_path / "run")
     frame = read_results(run_dir)
     write_rows(run_dir, frame[frame["suite"].isin(["selfcheck", "routing"])])
     writer_for(run_dir).write_many(
@@ -225,10 +225,10 @@ def test_suites_come_from_the_rows(tiny_run: TinyRun, tmp_path: Path) -> None:
     assert broken_references(run_dir) == []
 
 
-def test_model_suite_sections_show_their_content(tiny_run: TinyRun) -> None:
+def test_model_suite_sections_show_their_content(lane_run: SharedRun) -> None:
     """Numerics plots, the recompile ledger, image scores and side-by-side images, routing, sensitivity."""
-    page = parse_page(tiny_run.run_dir)
-    frame = read_results(tiny_run.run_dir)
+    page = parse_page(lane_run.run_dir)
+    frame = read_results(lane_run.run_dir)
     images = [ref for tag, ref in page.references if tag == "img"]
     assert any(re.fullmatch(r"review/numerics-(ar|dit)\.png", ref) for ref in images)
     ledger = page.tables["recompile-ledger"]
@@ -243,7 +243,7 @@ def test_model_suite_sections_show_their_content(tiny_run: TinyRun) -> None:
     assert all(reason in ledger_text for reason in reasons if reason)
     scores = page.tables["image-scores"]
     assert scores[0][:7] == ["case", "pair", "verdict", "psnr", "psnr_bound", "ssim", "ssim_bound"]
-    cases = sorted(p.name for p in (tiny_run.run_dir / "images").iterdir())
+    cases = sorted(p.name for p in (lane_run.run_dir / "images").iterdir())
     for case in cases:
         variants = [Path(unquote(ref)).stem for ref in images if ref.startswith(f"images/{case}/")]
         assert variants[:3] == ["reference", "serving_eager", "serving_compiled"]
@@ -252,10 +252,10 @@ def test_model_suite_sections_show_their_content(tiny_run: TinyRun) -> None:
     assert len(page.tables["sensitivity-table"]) - 1 == int((frame["suite"] == "sensitivity").sum())
 
 
-def test_the_page_shows_the_baseline_comparison(tiny_run: TinyRun, tmp_path: Path) -> None:
+def test_the_page_shows_the_baseline_comparison(lane_run: SharedRun, tmp_path: Path) -> None:
     from parity.report.baseline import write_baseline
 
-    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
+    run_dir = copy_run(lane_run.run_dir, tmp_path / "run")
     frame = read_results(run_dir)
     base = write_baseline(frame, tmp_path / "base.csv")
     gates = frame[(frame["kind"] != "info") & (frame["verdict"] == "pass")]
@@ -267,9 +267,9 @@ def test_the_page_shows_the_baseline_comparison(tiny_run: TinyRun, tmp_path: Pat
     assert len(regressions) == 2 and regressions[1][-1] == "verdict pass -> fail"
 
 
-def test_the_ledger_reads_compile_watch_metric_names(tiny_run: TinyRun, tmp_path: Path) -> None:
+def test_the_ledger_reads_compile_watch_metric_names(lane_run: SharedRun, tmp_path: Path) -> None:
     """parity.observe.compile_ledger names its rows per code object: `compiles[TransformerBlock.forward]`."""
-    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
+    run_dir = copy_run(lane_run.run_dir, tmp_path / "run")
     frame = read_results(run_dir)
     write_rows(run_dir, frame[frame["suite"] != "recompiles"])
     reason = "tensor 'x' size mismatch at index 2. expected 32, actual 64"
