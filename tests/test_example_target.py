@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from parity.report import read_results
-from tests.helpers import PROJECT_ROOT, run_pytest
 from tests import shared_run
+from tests.helpers import PROJECT_ROOT, run_pytest
 from tests.shared_run import SharedRun
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
