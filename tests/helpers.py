@@ -1,14 +1,26 @@
-"""Running pytest and the parity CLI in fresh processes, as a user would."""
+"""Running pytest and the parity CLI in fresh processes, as a user would, and pytest in this
+process where what is tested is the plugin's work for one session (about 10 s less a session: no
+fresh interpreter importing torch and the plugin)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+# What `subprocess_env` drops for a child: an in-process session is not one of this run's xdist
+# workers either (the plugin reads PYTEST_XDIST_WORKER), nor takes this run's PYTEST_ADDOPTS.
+OUTER_SESSION_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS")
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -55,3 +67,47 @@ def run_pytest(args: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 def run_parity(args: list[str], **kwargs) -> subprocess.CompletedProcess:
     return run(["-m", "parity", *args], **kwargs)
+
+
+def _in_process_args() -> list[str]:
+    """`run_pytest`'s own arguments, and quiet about the plugin's modules being imported already
+    (this process imported them before the session could mark them for assertion rewriting)."""
+    return ["-p", "no:cacheprovider", *plugin_args(), "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+
+
+@contextlib.contextmanager
+def _outside_this_session() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        for name in OUTER_SESSION_ENV:
+            patch.delenv(name, raising=False)
+        yield
+
+
+def run_pytest_in_pytester(pytester: pytest.Pytester, args: list[str]) -> pytest.RunResult:
+    """`run_pytest` as an in-process session in `pytester`'s directory (modules it imports are
+    dropped afterwards, so test files of the same name in other directories do not clash). Only
+    for what one session does (lanes, options, fixtures, up-front checks): never for environment
+    variables, thread counts, signals or xdist, which belong to the process."""
+    with _outside_this_session():
+        return pytester.runpytest_inprocess(*_in_process_args(), *args)
+
+
+class NoTestRuns:
+    """A plugin for an in-process session that must be refused before any test: a test that starts
+    ends the session at once (exit status 3, no refusal line), so a broken check fails its test
+    quickly instead of running the selected suites inside this process."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> None:
+        pytest.exit(f"{item.nodeid} started: the session was not refused before its tests", returncode=3)
+
+
+def run_pytest_here(args: list[str], *, basetemp: Path, refused: bool = False) -> tuple[int, str]:
+    """`run_pytest` as an in-process session of this repository's suites (paths absolute): exit
+    status and output (stdout, then stderr). The suite modules it imports stay imported, as any
+    import would leave them (`pytester` would drop and re-import them for every session). The
+    same limits as `run_pytest_in_pytester`; `refused`: no test may start (`NoTestRuns`)."""
+    out, err = io.StringIO(), io.StringIO()
+    with _outside_this_session(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = pytest.main([*_in_process_args(), f"--basetemp={basetemp}", *args], plugins=[NoTestRuns()] if refused else [])
+    return int(code), out.getvalue() + err.getvalue()

@@ -9,8 +9,9 @@ hold: what is wrong (file, option, key, tensor) and what was expected against wh
 reason where skipping is right), exactly one line of output holding all those words, no
 `Traceback` / `INTERNALERROR`, and an existing run's `results.csv` byte-for-byte unchanged.
 
-Rows run in-process (loaders, `parity.cli.main`) unless the process is what is tested: the plugin's
-up-front checks, an xdist session, the skip of a family. The Ctrl-C test sends SIGINT to a real
+Rows run in-process (loaders, `parity.cli.main`, and pytest sessions of the suites for the plugin's
+up-front checks and the skip of a family) unless the process is what is tested: an xdist session,
+a `parity run` that starts its pytest, the device it picks. The Ctrl-C test sends SIGINT to a real
 `parity run`. `test_the_checks_are_what_catch_these` shows rows going red when the check that
 catches them is switched off.
 """
@@ -41,7 +42,7 @@ from parity.cases import Table, add_case_dirs, load_case_file
 from parity.cli import build_parser, main
 from parity.compare import Tolerance, diff
 from parity.report import RESULTS_FILE, ReportWriter, read_run_info, write_run_info
-from tests.helpers import PROJECT_ROOT, default_sigint, run_parity, run_pytest, subprocess_env
+from tests.helpers import PROJECT_ROOT, default_sigint, run_parity, run_pytest_here, subprocess_env
 
 # ---------------------------------------------------------------------------------------------
 # What a row observes
@@ -488,8 +489,27 @@ def cpu_threads(value: str) -> Callable[[Path], Outcome]:
 
 
 # ---------------------------------------------------------------------------------------------
-# In a fresh process (the plugin's up-front checks, xdist, the skips of a family)
+# Past the CLI: a pytest session of the suites in this process (the plugin's up-front checks, the
+# skips of a family: one session's work), a fresh process where the process is what is tested
+# (xdist, a `parity run` that starts its pytest, its device)
 # ---------------------------------------------------------------------------------------------
+
+
+def suites_session(*args: str, skips: bool = False) -> Callable[[Path], Outcome]:
+    """`pytest ARGS` (paths relative to the repository) as an in-process session: about 10 s less
+    than a fresh interpreter, the same exit status and output. A session to be refused (every row
+    but a family's skips) ends at any test that starts: its refusal must come before the tests."""
+
+    def run(tmp_path: Path) -> Outcome:
+        report_dir = [] if "--parity-report-dir" in args else ["--parity-report-dir", str(tmp_path / "reports")]
+        paths = [str(PROJECT_ROOT / a) if a.startswith("parity/") else a for a in args]
+        command = [*paths, *report_dir, "-q", "-rs"]
+        outcome = Outcome(*run_pytest_here(command, basetemp=tmp_path / "basetemp", refused=not skips))
+        if skips:
+            outcome.skipped = "\n".join(line for line in outcome.output.splitlines() if line.startswith("SKIPPED"))
+        return outcome
+
+    return run
 
 
 def fresh_parity_run(*args: str) -> Callable[[Path], Outcome]:
@@ -512,17 +532,6 @@ def fresh_append(*args: str, run_target: str = "serving") -> Callable[[Path], Ou
         command = ["run", "--report-dir", str(tmp_path / "reports"), "--run-id", "r", "--append", "--suite", "selfcheck", *args]
         outcome = process(run_parity(command, timeout=300))
         outcome.preserved = ((run_dir / RESULTS_FILE).read_bytes(), (run_dir / "run.json").read_bytes()) == before
-        return outcome
-
-    return run
-
-
-def fresh_pytest(*args: str, skips: bool = False) -> Callable[[Path], Outcome]:
-    def run(tmp_path: Path) -> Outcome:
-        report_dir = [] if "--parity-report-dir" in args else ["--parity-report-dir", str(tmp_path / "reports")]
-        outcome = process(run_pytest([*args, *report_dir, "-q", "-rs"], timeout=300))
-        if skips:
-            outcome.skipped = "\n".join(line for line in outcome.output.splitlines() if line.startswith("SKIPPED"))
         return outcome
 
     return run
@@ -683,15 +692,16 @@ BAD_INPUTS = [
     Bad("baseline-other-gpu", review(cuda_run("NVIDIA A100-SXM4-80GB"), baseline=h200_baseline), ("made on device kind h200", "this run on a100-sxm4-80gb")),
     Bad("baseline-without-rows", review(run_with(), baseline=header_only_baseline), ("cpu-fp32.csv", "no rows (nothing to compare with)")),
     Bad("baseline-missing", review(run_with(), "--baseline", "/nonexistent/cpu-fp32.csv"), ("no report rows at /nonexistent/cpu-fp32.csv",)),
-    # -- in a fresh process: what only the plugin or xdist can show -------------------------------
+    # -- pytest sessions of the suites, in-process: the plugin's up-front checks, a family's skips --
+    Bad("target-bogus-pytest", suites_session("parity/suites", "--parity-suite", "selfcheck", "--parity-target", "bogus.mod:f"), ("ERROR: --parity-target 'bogus.mod:f'", "No module named 'bogus'")),
+    Bad("suite-unknown", suites_session("parity/suites", "--parity-suite", "numerix"), ("ERROR: --parity-suite 'numerix'", "suites: benchmark, decode, embedding_clamp", "selfcheck")),
+    Bad("report-dir-unwritable-plugin", suites_session("parity/suites", "--parity-suite", "selfcheck", "--parity-report-dir", "/proc/parity-reports"), ("ERROR: --parity-report-dir /proc/parity-reports", "cannot write run directories there")),
+    Bad("target-without-router-run", suites_session("parity/suites/routing/test_edges.py", "--parity-target", "tests.bad_targets:no_router", skips=True), ("provides no router (no router): the routing suites do not apply",), skip=True),
+    # -- in a fresh process: xdist, and `parity run` past its own checks (its pytest, its device) ---
     Bad("target-bogus-xdist", fresh_parity_run("--suite", "selfcheck", "--target", "bogus.mod:f", "-n", "2"), ("ERROR: --parity-target 'bogus.mod:f'", "No module named 'bogus'"), marks=(pytest.mark.slow,)),
-    Bad("target-bogus-pytest", fresh_pytest("parity/suites", "--parity-suite", "selfcheck", "--parity-target", "bogus.mod:f"), ("ERROR: --parity-target 'bogus.mod:f'", "No module named 'bogus'")),
     Bad("append-target-gone", fresh_append("--target", "bogus.mod:f", run_target="bogus.mod:f"), ("ERROR: --parity-target 'bogus.mod:f'", "No module named 'bogus'")),
     Bad("append-other-target", fresh_append("--target", "reference"), ("ERROR: --parity-append", "another configuration", "target: run has 'serving', this session 'reference'")),
-    Bad("suite-unknown", fresh_pytest("parity/suites", "--parity-suite", "numerix"), ("ERROR: --parity-suite 'numerix'", "suites: benchmark, decode, embedding_clamp", "selfcheck")),
-    Bad("report-dir-unwritable-plugin", fresh_pytest("parity/suites", "--parity-suite", "selfcheck", "--parity-report-dir", "/proc/parity-reports"), ("ERROR: --parity-report-dir /proc/parity-reports", "cannot write run directories there")),
     Bad("cuda-on-a-cpu-machine", fresh_parity_run("--device", "cuda", "--suite", "selfcheck"), ("ERROR: --parity-device cuda: no CUDA device is available",), marks=(pytest.mark.skipif(HAS_CUDA, reason="needs a machine without CUDA"),)),
-    Bad("target-without-router-run", fresh_pytest("parity/suites/routing/test_edges.py", "--parity-target", "tests.bad_targets:no_router", skips=True), ("provides no router (no router): the routing suites do not apply",), skip=True),
 ]
 # fmt: on
 
@@ -888,9 +898,12 @@ def test_run_json_records_the_end_of_a_session() -> None:
     assert run_status(3, signal_name=None, stopped="")["status"] == "crashed"
 
 
-def test_ctrl_c_during_parity_run_leaves_run_json_interrupted_and_the_review_says_so(tmp_path: Path) -> None:
+def test_ctrl_c_during_parity_run_leaves_run_json_interrupted_and_the_review_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SIGINT to a real `parity run` once its first rows are on disk: run.json says interrupted
-    (SIGINT), every row written is whole, and `parity review` exits 3 saying so."""
+    (SIGINT), every row written is whole, and `parity review` exits 3 saying so (the review in
+    this process: it reads the run directory and writes its page, nothing process-wide)."""
     run_dir = tmp_path / "reports" / "ctrl-c"
     args = [
         sys.executable,
@@ -929,13 +942,16 @@ def test_ctrl_c_during_parity_run_leaves_run_json_interrupted_and_the_review_say
     info = read_run_info(run_dir)
     assert (info["status"], info["signal"]) == ("interrupted", "SIGINT"), info
     assert "the run is interrupted (SIGINT)" in err
-    reviewed = run_parity(["review", str(run_dir), "--no-baseline"], cwd=tmp_path)
-    assert reviewed.returncode == 3, reviewed.stdout + reviewed.stderr
-    assert "INCOMPLETE RUN: the run was interrupted (SIGINT)" in reviewed.stdout
-    assert "the run is incomplete (exit 3" in reviewed.stderr
-    assert "torn" not in reviewed.stdout  # every row that was written is whole
-    allowed = run_parity(["review", str(run_dir), "--no-baseline", "--allow-incomplete"], cwd=tmp_path)
-    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    monkeypatch.chdir(tmp_path)
+    code = main(["review", str(run_dir), "--no-baseline"])
+    reviewed = capsys.readouterr()
+    assert code == 3, reviewed.out + reviewed.err
+    assert "INCOMPLETE RUN: the run was interrupted (SIGINT)" in reviewed.out
+    assert "the run is incomplete (exit 3" in reviewed.err
+    assert "torn" not in reviewed.out  # every row that was written is whole
+    code = main(["review", str(run_dir), "--no-baseline", "--allow-incomplete"])
+    allowed = capsys.readouterr()
+    assert code == 0, allowed.out + allowed.err
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`parity run` end to end, and the plugin's lanes, options and fixtures, in fresh processes."""
+"""`parity run` end to end and the plugin's CPU kernel sets and threads, in fresh processes; the
+plugin's lanes, options and fixtures, which are one session's work, in in-process sessions."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from parity.cli import main
 from parity.report import COLUMNS, read_results
-from tests.helpers import PROJECT_ROOT, plugin_args, run_parity, run_pytest, subprocess_env
+from tests.helpers import PROJECT_ROOT, plugin_args, run_parity, run_pytest, run_pytest_in_pytester, subprocess_env
 
 
 def _only_run_dir(report_dir: Path) -> Path:
@@ -18,9 +20,12 @@ def _only_run_dir(report_dir: Path) -> Path:
     return run_dir
 
 
-def test_run_help_documents_every_option() -> None:
-    result = run_parity(["run", "--help"])
-    assert result.returncode == 0
+def test_run_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    """The help, in this process (argparse prints it and exits 0; nothing process-wide changes)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--help"])
+    assert exit_info.value.code == 0
+    stdout = capsys.readouterr().out
     for option in (
         "--device",
         "--size",
@@ -33,7 +38,7 @@ def test_run_help_documents_every_option() -> None:
         "--benchmarks",
         "--seed",
     ):
-        assert option in result.stdout
+        assert option in stdout
 
 
 def test_parity_run_writes_a_run_directory_and_a_summary(tmp_path: Path) -> None:
@@ -104,51 +109,54 @@ LANES = textwrap.dedent(
 
 
 @pytest.fixture
-def lanes(tmp_path: Path) -> Path:
-    (tmp_path / "test_lanes.py").write_text(LANES)
-    return tmp_path
+def lanes(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A directory holding LANES for in-process sessions: lanes, options and fixtures are the
+    plugin's work for one session, nothing process-wide."""
+    pytester.makepyfile(test_lanes=LANES)
+    return pytester
 
 
-def test_cpu_lane_selects_everything_that_needs_no_gpu(lanes: Path) -> None:
-    result = run_pytest([str(lanes), "-m", "cpu", "-q", "--parity-report-dir", str(lanes / "out")], cwd=lanes)
-    assert "3 passed, 1 deselected" in result.stdout, result.stdout
+def test_cpu_lane_selects_everything_that_needs_no_gpu(lanes: pytest.Pytester) -> None:
+    result = run_pytest_in_pytester(lanes, ["-m", "cpu", "-q", "--parity-report-dir", str(lanes.path / "out")])
+    assert "3 passed, 1 deselected" in result.stdout.str(), result.stdout.str()
 
 
 no_cuda = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the behaviour on a machine without CUDA")
 
 
 @no_cuda
-def test_gpu_tests_skip_with_a_reason_without_cuda(lanes: Path) -> None:
-    result = run_pytest([str(lanes), "-m", "gpu", "-rs", "--parity-report-dir", str(lanes / "out")], cwd=lanes)
-    assert "1 skipped" in result.stdout and "no CUDA device on this machine" in result.stdout, result.stdout
+def test_gpu_tests_skip_with_a_reason_without_cuda(lanes: pytest.Pytester) -> None:
+    result = run_pytest_in_pytester(lanes, ["-m", "gpu", "-rs", "--parity-report-dir", str(lanes.path / "out")])
+    stdout = result.stdout.str()
+    assert "1 skipped" in stdout and "no CUDA device on this machine" in stdout, stdout
 
 
 @no_cuda
-def test_device_cuda_without_cuda_is_a_usage_error(lanes: Path) -> None:
-    result = run_pytest([str(lanes), "--parity-device", "cuda"], cwd=lanes)
-    assert result.returncode == 4 and "--parity-device cuda: no CUDA device" in result.stderr
+def test_device_cuda_without_cuda_is_a_usage_error(lanes: pytest.Pytester) -> None:
+    result = run_pytest_in_pytester(lanes, ["--parity-device", "cuda"])
+    assert result.ret == 4 and "--parity-device cuda: no CUDA device" in result.stderr.str()
 
 
-def test_suite_option_selects_by_report_suite(lanes: Path) -> None:
-    out = lanes / "out"
-    result = run_pytest(
-        [str(lanes), "--parity-suite", "other", "-q", "--parity-report-dir", str(out), "--parity-target", "reference"], cwd=lanes
+def test_suite_option_selects_by_report_suite(lanes: pytest.Pytester) -> None:
+    out = lanes.path / "out"
+    result = run_pytest_in_pytester(
+        lanes, ["--parity-suite", "other", "-q", "--parity-report-dir", str(out), "--parity-target", "reference"]
     )
-    assert "1 passed, 3 deselected" in result.stdout, result.stdout
+    assert "1 passed, 3 deselected" in result.stdout.str(), result.stdout.str()
     frame = read_results(_only_run_dir(out))
     assert frame["suite"].tolist() == ["other"] and frame["target"].tolist() == ["reference"]
 
 
-def test_report_fixture_without_a_suite_is_an_error(tmp_path: Path) -> None:
-    (tmp_path / "test_x.py").write_text("def test_x(report):\n    pass\n")
-    result = run_pytest([str(tmp_path)], cwd=tmp_path)
-    assert result.returncode != 0 and "declares no suite" in result.stdout
+def test_report_fixture_without_a_suite_is_an_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_x="def test_x(report):\n    pass\n")
+    result = run_pytest_in_pytester(pytester, [])
+    assert result.ret != 0 and "declares no suite" in result.stdout.str()
 
 
-def test_a_plain_test_run_leaves_no_empty_run_directory(tmp_path: Path) -> None:
-    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
-    out = tmp_path / "out"
-    assert run_pytest([str(tmp_path), "--parity-report-dir", str(out)], cwd=tmp_path).returncode == 0
+def test_a_plain_test_run_leaves_no_empty_run_directory(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    out = pytester.path / "out"
+    assert run_pytest_in_pytester(pytester, ["--parity-report-dir", str(out)]).ret == 0
     assert not out.exists() or not any(out.iterdir())
 
 
