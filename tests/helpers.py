@@ -5,6 +5,7 @@ fresh interpreter importing torch and the plugin)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import signal
@@ -111,3 +112,55 @@ def run_pytest_here(args: list[str], *, basetemp: Path, refused: bool = False) -
     with _outside_this_session(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = pytest.main([*_in_process_args(), f"--basetemp={basetemp}", *args], plugins=[NoTestRuns()] if refused else [])
     return int(code), out.getvalue() + err.getvalue()
+
+
+@functools.cache
+def _preload() -> None:
+    """Every module of the harness and the targets imported once, before the first snapshot: a
+    variant may patch a module the process had not imported yet (`isolation.preload`)."""
+    from parity.suites.sensitivity.isolation import preload
+
+    preload()
+
+
+class _NoGcAtUnconfigure:
+    """Skip pytest's garbage collection rounds at the end of the session (unraisable exceptions), as
+    pytester does for the sessions it runs in process: `drop_session_state` collects once after it."""
+
+    @staticmethod
+    def pytest_configure(config: pytest.Config) -> None:
+        from _pytest.unraisableexception import gc_collect_iterations_key  # pytester's own knob
+
+        config.stash[gc_collect_iterations_key] = 0
+
+
+def run_isolated_session(args: list[str], basetemp: Path) -> tuple[int, str]:
+    """`python -m pytest <args>` from the project root, as a session of this process: its exit code
+    and output (the tail). A fresh interpreter would spend most of a run importing torch and the
+    harness again.
+
+    `run_pytest_here` with the isolation a variant needs, as the sensitivity suite
+    isolates the sessions it runs in one process (`parity.suites.sensitivity.isolation`): the
+    session starts as a fresh process would, with no resident model and no compiled frame; when it
+    ends, what it patched in the harness or the target (a variant plugin's module patch) is put
+    back and what it built is dropped, and so are the working directory and the environment."""
+    from parity.observe.compile_ledger import reset_compile_state
+    from parity.suites import conftest as suites_conftest
+    from parity.suites.sensitivity.isolation import ModuleSnapshot, drop_session_state
+
+    _preload()
+    printed = io.StringIO()
+    snapshot = ModuleSnapshot()
+    try:
+        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            patch.chdir(PROJECT_ROOT)
+            for name in (*OUTER_SESSION_ENV, "PYTEST_CURRENT_TEST"):
+                patch.delenv(name, raising=False)
+            patch.setattr(suites_conftest, "RESIDENT", suites_conftest.ResidentModels())
+            reset_compile_state()
+            args = ["-p", "no:cacheprovider", *plugin_args(), "-W", "ignore::pytest.PytestAssertRewriteWarning", *args]
+            code = int(pytest.main([*args, f"--basetemp={basetemp}"], plugins=[_NoGcAtUnconfigure()]))
+    finally:
+        drop_session_state()  # before the modules are put back: Dynamo's cleanups remove the globals its frames added
+        snapshot.restore()
+    return code, printed.getvalue()[-6000:]

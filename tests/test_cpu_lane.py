@@ -20,7 +20,9 @@ pytestmark = pytest.mark.slow
 
 
 def _describe(rows: pd.DataFrame) -> str:
-    return "\n".join(f"{r.suite}/{r.case}/{r.mode} {r.site} {r.metric}={r.value}: {str(r.detail)[:300]}" for r in rows.head(20).itertuples())
+    return "\n".join(
+        f"{r.suite}/{r.case}/{r.mode} {r.site} {r.metric}={r.value}: {str(r.detail)[:300]}" for r in rows.head(20).itertuples()
+    )
 
 
 def test_the_lane_run_completed(lane_run: SharedRun) -> None:

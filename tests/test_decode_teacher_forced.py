@@ -1,6 +1,6 @@
 """The decode suite's teacher-forced metric goes red on a defect that shows only after step 8,
 including when a tie flip earlier ends the free-running comparison, and stays green on a correct
-target (tiny model, CPU, in process; one run of the suite file in a fresh process at the end).
+target (tiny model, CPU, in process; one run of the suite file in a pytest session of its own at the end).
 
 A defect visible only late in decode: `tests.decode_targets.position_saturated_from`, the decode
 position saturating from prompt length + 9 on (steps 0-9 exact, every step from 10 on wrong).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -43,7 +43,7 @@ from parity.suites.ar.decode import (
 from parity.suites.ar.support import CASES, ARModels, build_ar_models
 from serving_models.target import make_target
 from tests.decode_targets import FIRST_BAD_POSITION, position_saturated_from
-from tests.helpers import run_pytest
+from tests.helpers import run_isolated_session
 
 PROMPT = [[3, 17, 42, 99, 5]]  # the und-prompt-crosses-into-gen case of cases/ar.toml
 STEPS = 64
@@ -64,6 +64,22 @@ def fp32(tmp_path_factory: pytest.TempPathFactory) -> ARModels:
 @pytest.fixture(scope="module")
 def bf16(tmp_path_factory: pytest.TempPathFactory) -> ARModels:
     return _models(torch.bfloat16, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def late_fp32(fp32: ARModels) -> Callable[[str], TeacherForced]:
+    """The fp32 teacher-forced result on the late defect, per mode, made once: the red-buckets test
+    and the rows test judge the same eager run."""
+    results: dict[str, TeacherForced] = {}
+
+    def forced(mode: str) -> TeacherForced:
+        if mode not in results:
+            prompt = fp32.ids(PROMPT)
+            with late_defect(fp32, prompt.shape[1] + LATE):
+                results[mode] = run_both(fp32, prompt, mode)[2]
+        return results[mode]
+
+    return forced
 
 
 @contextlib.contextmanager
@@ -179,10 +195,10 @@ def test_a_correct_target_is_green_at_every_step(fp32: ARModels, mode: str) -> N
 
 
 @pytest.mark.parametrize("mode", ["eager", "cpu_graph"])
-def test_a_defect_from_step_10_on_turns_the_teacher_forced_buckets_red_from_steps_8_15(fp32: ARModels, mode: str) -> None:
-    prompt = fp32.ids(PROMPT)
-    with late_defect(fp32, prompt.shape[1] + LATE):
-        _, _, forced = run_both(fp32, prompt, mode)
+def test_a_defect_from_step_10_on_turns_the_teacher_forced_buckets_red_from_steps_8_15(
+    late_fp32: Callable[[str], TeacherForced], mode: str
+) -> None:
+    forced = late_fp32(mode)
     assert verdicts(forced) == [PASS] + [FAIL] * (STEPS // SETTINGS.bucket_steps - 1)
     first_red = forced.buckets[1]
     assert first_red.site == "teacher_forced.steps.8-15"
@@ -220,12 +236,10 @@ def test_compared_steps_fails_when_the_target_yields_fewer_steps(fp32: ARModels)
     assert sites(short)[-1] == "teacher_forced.steps.32-39"
 
 
-def test_teacher_forced_rows(fp32: ARModels, tmp_path: Path) -> None:
+def test_teacher_forced_rows(late_fp32: Callable[[str], TeacherForced], tmp_path: Path) -> None:
     """Per bucket a gate row (rmse_vs_golden, in fp32 as in every dtype) and info rows max_abs and
     max_ulp; then compared_steps."""
-    prompt = fp32.ids(PROMPT)
-    with late_defect(fp32, prompt.shape[1] + LATE):
-        _, _, forced = run_both(fp32, prompt)
+    forced = late_fp32("eager")
     report = SuiteReport(ReportWriter(tmp_path, {}), "decode", "test", "case")
     write_teacher_forced(report, forced, case="c", mode="eager")
     rows = read_results(tmp_path)
@@ -268,7 +282,7 @@ def test_bf16_noise_floor_is_green_on_a_correct_target_and_red_on_the_late_defec
 
 
 # ---------------------------------------------------------------------------------------------
-# The suite itself, in a fresh process, on the late-defect target
+# The suite itself, in a pytest session of its own, on the late-defect target
 # ---------------------------------------------------------------------------------------------
 
 
@@ -287,8 +301,8 @@ def test_the_decode_suite_goes_red_on_a_late_decode_defect(tmp_path: Path) -> No
         "--parity-target",
         "tests.decode_targets:late_decode_defect",
     ]
-    result = run_pytest(args, timeout=600)
-    assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-2000:]
+    code, output = run_isolated_session(args, tmp_path / "basetemp")
+    assert code == 1, output
     rows = read_results(out / "run")
     gates = rows[rows["kind"] == "gate"]
     prompt_length = {case.name: len(case.prompt[0]) for case in CASES["decode"]}

@@ -1,6 +1,7 @@
 """The release checkpoint layout (reference_models/release.py, docs/checkpoints.md): written by
 `make-checkpoint --layout release`, read by both implementations and the example engine, inspected by
-`parity inspect-checkpoint`; the config read as upstream reads it; contradictions refused."""
+`parity inspect-checkpoint`; the config read as upstream reads it; contradictions refused. The
+commands and the suite session run in this process (`parity.cli.main`, `tests.helpers.run_isolated_session`)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,26 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from parity.cli import main as parity_cli
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.checkpoints import make_checkpoint, random_state_dict
 from reference_models.release import ReleaseConfigError, parse_ar, write_release_checkpoint
 from serving_models.ar.config import MammothModa2ARConfig as ServingConfig
-from tests.helpers import PROJECT_ROOT, run_parity, run_pytest
+from tests.helpers import run_isolated_session
 
 pytestmark = pytest.mark.cpu
 
 IDS = torch.tensor([[3, 17, 260, 42, 270, 99, 319, 5]])
+
+
+def run_parity(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`parity <args>` in this process (`parity.cli.main`, what `python -m parity` exits with): exit
+    code, stdout and stderr. A fresh interpreter per command would spend most of it importing torch
+    and the harness again."""
+    capsys.readouterr()
+    code = parity_cli(args)
+    printed = capsys.readouterr()
+    return code, printed.out, printed.err
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +70,9 @@ def test_round_trip_both_implementations_load_the_release_directory(release_dir:
     assert all(v[0].startswith("llm_model.") for v in reference.weight_name_map().values())
 
 
-def test_inspect_checkpoint_lists_config_and_mapping_and_exits_0(release_dir: Path) -> None:
-    result = run_parity(["inspect-checkpoint", str(release_dir)])
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
+def test_inspect_checkpoint_lists_config_and_mapping_and_exits_0(release_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_parity(["inspect-checkpoint", str(release_dir)], capsys)
+    assert code == 0, out + err
     assert "release layout; 59 tensors in mammoth.safetensors.index.json" in out
     assert "rms_norm_eps          = 1e-06" in out and "from llm_config.text_config.rms_norm_eps" in out
     assert "llm_config.text_config.rope_scaling = " in out and "reduce to 1-D RoPE" in out
@@ -69,32 +80,34 @@ def test_inspect_checkpoint_lists_config_and_mapping_and_exits_0(release_dir: Pa
     assert "    target serving: matched 59, unused 0, missing 0" in out
 
 
-def test_tensors_the_ar_does_not_use_are_listed_and_a_missing_one_fails(release_dir: Path, tmp_path: Path) -> None:
+def test_tensors_the_ar_does_not_use_are_listed_and_a_missing_one_fails(
+    release_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     extra = copy_dir(release_dir, tmp_path / "extra")
     save_file({"llm_model.model.visual.blocks.0.mlp.weight": torch.zeros(2, 2)}, str(extra / "other.safetensors"))
     add_to_index(extra, "other.safetensors", ["llm_model.model.visual.blocks.0.mlp.weight"])
-    result = run_parity(["inspect-checkpoint", str(extra)])
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "not used (vision tower: image understanding is out of parity's scope): llm_model.model.* (1)" in result.stdout
+    code, out, err = run_parity(["inspect-checkpoint", str(extra)], capsys)
+    assert code == 0, out + err
+    assert "not used (vision tower: image understanding is out of parity's scope): llm_model.model.* (1)" in out
 
     # a tensor no family knows is listed, and the serving loader refuses it by name (exit 1)
     unknown = copy_dir(release_dir, tmp_path / "unknown")
     save_file({"other_model.x_embedder.weight": torch.zeros(2)}, str(unknown / "other.safetensors"))
     add_to_index(unknown, "other.safetensors", ["other_model.x_embedder.weight"])
-    result = run_parity(["inspect-checkpoint", str(unknown)])
-    assert result.returncode == 1
-    assert "tensors no family claims (1): other_model.x_embedder.* (1)" in result.stdout
-    assert "unexpected 1 tensor(s): other_model.x_embedder.weight" in result.stdout
+    code, out, _ = run_parity(["inspect-checkpoint", str(unknown)], capsys)
+    assert code == 1
+    assert "tensors no family claims (1): other_model.x_embedder.* (1)" in out
+    assert "unexpected 1 tensor(s): other_model.x_embedder.weight" in out
 
     broken = copy_dir(release_dir, tmp_path / "broken")
     index_path = broken / "mammoth.safetensors.index.json"
     index = json.loads(index_path.read_text())
     del index["weight_map"]["llm_model.model.language_model.layers.3.gen_mlp.down_proj.weight"]
     index_path.write_text(json.dumps(index))
-    result = run_parity(["inspect-checkpoint", str(broken)])
-    assert result.returncode == 1
-    lines = [ln for ln in result.stdout.splitlines() if "cannot load" in ln]
-    assert len(lines) == 2 and all("model.layers.3.gen_mlp.down_proj.weight" in ln for ln in lines), result.stdout
+    code, out, _ = run_parity(["inspect-checkpoint", str(broken)], capsys)
+    assert code == 1
+    lines = [ln for ln in out.splitlines() if "cannot load" in ln]
+    assert len(lines) == 2 and all("model.layers.3.gen_mlp.down_proj.weight" in ln for ln in lines), out
 
 
 def copy_dir(source: Path, target: Path) -> Path:
@@ -115,8 +128,10 @@ def test_the_ar_suites_run_on_a_release_layout_directory(tmp_path: Path) -> None
     selection = ["parity/suites/ar/test_numerics.py", "parity/suites/ar/test_weight_coverage.py"]
     selection += ["parity/suites/ar/test_expert_selection.py", "-k", "eager or coverage"]
     args = [*selection, "-m", "cpu", "-q", "--parity-checkpoint-layout", "release"]
-    result = run_pytest([*args, "--parity-report-dir", str(tmp_path), "--parity-run-id", "r"], cwd=PROJECT_ROOT)
-    assert result.returncode == 0, result.stdout[-3000:]
+    code, output = run_isolated_session(
+        [*args, "--parity-report-dir", str(tmp_path), "--parity-run-id", "r"], tmp_path / "basetemp"
+    )
+    assert code == 0, output[-3000:]
     info = json.loads((tmp_path / "r" / "run.json").read_text())
     assert info["checkpoint_layout"] == "release"
     from parity.report import read_results
@@ -227,15 +242,14 @@ def test_gen_start_other_than_the_table_size(vocab_size: int, start: int) -> Non
     assert bool(valid.all()), want.tokens
 
 
-def test_a_release_dit_directory_is_inspected_and_loaded(tmp_path: Path) -> None:
+def test_a_release_dit_directory_is_inspected_and_loaded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`make-checkpoint dit --layout release` (the DiT under gen_transformer., the release's unused
     DiT tensors included): inspect-checkpoint reads its config keys, lists every unused tensor with
     its reason, and both implementations load it."""
     directory = tmp_path / "dit-release"
-    assert run_parity(["make-checkpoint", "dit", str(directory), "--layout", "release"]).returncode == 0
-    result = run_parity(["inspect-checkpoint", str(directory)])
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
+    assert run_parity(["make-checkpoint", "dit", str(directory), "--layout", "release"], capsys)[0] == 0
+    code, out, err = run_parity(["inspect-checkpoint", str(directory)], capsys)
+    assert code == 0, out + err
     assert "ar: not in this checkpoint (config keys llm_config, no tensors)" in out
     assert "text_feat_dim           = 64" in out and "from llm_config text width" in out
     assert "_class_name = " in out and "gen_dit_config._class_name" in out

@@ -3,9 +3,11 @@ recompile suite goes red on a harness whose compile counter counts every frame. 
 of the catalogue is killed by the sensitivity suite; `--target reference` is run for every suite
 by tests/test_reference_target.py.)
 
-Every suite run is a fresh pytest process (`tests.helpers.run_pytest`), as a user runs it, with
-its own report directory; a red run must exit non-zero AND hold the expected failing gate row in
-its results.csv (a crash would exit non-zero too, without the row).
+Every suite run is a pytest session of its own, started from the project root as a user starts
+it, with its own report directory; a red run must exit non-zero AND hold the expected failing gate
+row in its results.csv (a crash would exit non-zero too, without the row). The sessions run in this
+process (`run_suites`: a fresh interpreter would spend most of a run importing torch and the
+harness again); what a session patched is put back and what it built is dropped after it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from parity.suites.dit import support as dit_support
 from parity.suites.dit.support import block_class, block_codes, cases_for, lattice_for
 from parity.suites.dit.test_recompiles import Point, control_target, run_point
 from reference_models.checkpoints import make_checkpoint
-from tests.helpers import run_pytest
+from tests.helpers import run_isolated_session
 
 pytestmark = pytest.mark.slow
 
@@ -36,14 +38,13 @@ ALL = [RECOMPILES, NUMERICS, IMAGE]
 
 
 def run_suites(tmp_path: Path, files: list[str], *extra: str, target: str = "serving") -> tuple[int, pd.DataFrame, str]:
-    """Run suite files in a fresh pytest process; exit code, its results.csv, the output's tail."""
+    """Run suite files in a pytest session (`tests.helpers.run_isolated_session`); exit code, its results.csv, the output's tail."""
     out = tmp_path / "reports"
     args = [*files, "-q", "--parity-report-dir", str(out), "--parity-run-id", "run", "--parity-target", target, *extra]
-    result = run_pytest(args, timeout=600)
-    output = result.stdout[-4000:] + result.stderr[-2000:]
+    code, output = run_isolated_session(args, tmp_path / "basetemp")
     run_dir = out / "run"
     frame = read_results(run_dir) if (run_dir / "results.csv").exists() else pd.DataFrame()
-    return result.returncode, frame, output
+    return code, frame, output
 
 
 def failing_gates(frame: pd.DataFrame) -> pd.DataFrame:

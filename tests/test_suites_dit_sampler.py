@@ -3,8 +3,9 @@ square and non-square latents in both orientations, and goes red on each sampler
 catalogue at the rows that stand for it; the image suite's new cases go red on the two defects
 an image can show (a per-step CFG range, a dropped negative prompt).
 
-Every run is a fresh pytest process with its own report directory; a red run must exit non-zero
-AND hold the expected failing gate rows (a crash would exit non-zero without them).
+Every run is a pytest session of its own with its own report directory, run in this process and
+isolated from the others (`tests.test_suites_dit.run_suites`); a red run must exit non-zero AND
+hold the expected failing gate rows (a crash would exit non-zero without them).
 """
 
 from __future__ import annotations
