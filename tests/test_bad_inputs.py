@@ -19,7 +19,6 @@ catches them is switched off.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import io
 import json
@@ -42,45 +41,12 @@ from parity.cases import Table, add_case_dirs, load_case_file
 from parity.cli import build_parser, main
 from parity.compare import Tolerance, diff
 from parity.report import RESULTS_FILE, ReportWriter, read_run_info, write_run_info
+from tests.bad_input_table import Bad, Outcome, check_bad_input, cli, process, raised
 from tests.helpers import PROJECT_ROOT, default_sigint, run_parity, run_pytest_here, subprocess_env
 
 # ---------------------------------------------------------------------------------------------
 # What a row observes
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Outcome:
-    code: int  # the exit status; 1 for a raised error, 0 when nothing complained
-    output: str  # everything the user would see
-    skipped: str = ""  # the skip reason(s), for rows where skipping is the right answer
-    preserved: bool | None = None  # whether an existing run's results.csv is unchanged (None: no run involved)
-
-
-def raised(call: Callable[[], Any]) -> Outcome:
-    """Call in-process; the error a user sees is the exception's type and message."""
-    try:
-        call()
-    except pytest.skip.Exception as exc:
-        return Outcome(0, "", skipped=str(exc.msg))
-    except Exception as exc:
-        return Outcome(1, f"{type(exc).__name__}: {exc}")
-    return Outcome(0, "(no error)")
-
-
-def cli(*args: str) -> Outcome:
-    """`parity ...` in-process, its stdout and stderr captured (argparse exits through SystemExit)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main([str(a) for a in args])
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return Outcome(int(code), out.getvalue() + err.getvalue())
-
-
-def process(result: subprocess.CompletedProcess) -> Outcome:
-    return Outcome(result.returncode, result.stdout + result.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -544,15 +510,6 @@ HAS_CUDA = torch.cuda.is_available()
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Bad:
-    id: str
-    run: Callable[[Path], Outcome]
-    expect: tuple[str, ...]
-    skip: bool = False  # the right answer is a skip whose reason holds `expect`
-    marks: tuple[Any, ...] = ()
-
-
 FINITE = "a finite float"
 # fmt: off
 BAD_INPUTS = [
@@ -720,20 +677,7 @@ def test_the_table_has_what_the_issue_asks() -> None:
 
 @pytest.mark.parametrize("row", [pytest.param(row, id=row.id, marks=row.marks) for row in BAD_INPUTS])
 def test_bad_input(row: Bad, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)  # a review writes its page, a run its reports: keep them here
-    outcome = row.run(tmp_path)
-    shown = f"exit {outcome.code}; output:\n{outcome.output}\nskipped: {outcome.skipped}"
-    assert "Traceback" not in outcome.output and "INTERNALERROR" not in outcome.output, shown
-    if outcome.preserved is not None:
-        assert outcome.preserved, "a row already written was lost or changed\n" + shown
-    if row.skip:
-        reasons = [line for line in outcome.skipped.splitlines() if all(word in line for word in row.expect)]
-        assert len(reasons) == 1, shown
-        return
-    assert outcome.code != 0, shown
-    explaining = [line for line in outcome.output.splitlines() if all(word in line for word in row.expect)]
-    assert len(explaining) == 1, f"expected one line holding {row.expect}\n{shown}"
-    assert "left a run directory" not in outcome.output, shown
+    check_bad_input(row, tmp_path, monkeypatch)
 
 
 def test_a_review_with_allow_incomplete_reviews_the_whole_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
