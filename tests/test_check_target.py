@@ -60,7 +60,7 @@ def test_parity_run_stops_with_one_line_before_any_suite(
     """`parity run` in this process: the check it starts runs in a process of its own as always,
     and a conforming-looking target would reach `pytest.main`, which fails this test here instead
     of running the suite inside this one."""
-    monkeypatch.chdir(PROJECT_ROOT)  # the check's `python -m parity` imports the spec's module from here
+    monkeypatch.chdir(PROJECT_ROOT)  # the check's `python -m parity` imports the target's module from here
     monkeypatch.setattr("pytest.main", _pytest_must_not_start)
     spec = "tests.example_target_variants:make_target_without_greedy_generate"
     code = main(["run", "--target", spec, "--suite", "numerics", "--report-dir", str(tmp_path)])
