@@ -250,7 +250,9 @@ def test_model_suite_sections_show_their_content(lane_run: SharedRun) -> None:
         assert any(ref.startswith("review/image-diff-") and case in unquote(ref) for ref in images)
     assert len(page.tables["routing-audit"]) - 1 == frame.loc[frame["suite"] == "routing", "case"].nunique()
     sensitivity = frame[frame["suite"] == "sensitivity"]
-    assert len(page.tables["sensitivity-table"]) - 1 == int((sensitivity["metric"] == "killed").sum())  # one line per mutant, controls in the headline
+    assert len(page.tables["sensitivity-table"]) - 1 == int(
+        (sensitivity["metric"] == "killed").sum()
+    )  # one line per mutant, controls in the headline
 
 
 def test_the_page_shows_the_baseline_comparison(lane_run: SharedRun, tmp_path: Path) -> None:
