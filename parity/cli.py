@@ -14,14 +14,26 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import subprocess
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from parity import env
-from parity.plugin.options import add_run_options, check_run_id, check_seed, plugin_load_args, pytest_args
-from parity.plugin.session import RunDirError, claim_run_dir, probe_report_dir
+from parity.conformance import KNOWN_SUITES, UNRESOLVED, CheckProcess, check_timeout, start_check, unknown_suites
+from parity.plugin.options import (
+    add_run_options,
+    check_run_id,
+    check_seed,
+    directory_name,
+    options_set_behind_parity_run,
+    plugin_load_args,
+    pytest_args,
+    seed_option,
+    workers,
+)
+from parity.plugin.session import RunDirError, SignalWatch, claim_run_dir, probe_report_dir
 from parity.report import (
     COMPLETE,
     ReportError,
@@ -40,9 +52,92 @@ PYTEST_INTERRUPTED, PYTEST_USAGE_ERROR, PYTEST_NO_TESTS = 2, 4, 5
 TARGET_UNRESOLVED = 3  # `parity check-target`: the spec names no loadable factory (1: it loads and breaks the contract)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: after parsing, its `validators` check what one option cannot check
+    alone (combinations, the run an option names); every mistake, argparse's own included, is one
+    line `parity <command>: <what is wrong>` and the command's documented usage status
+    (`usage_status`: 4 for `parity run`, as pytest's usage errors; 2, argparse's, elsewhere)."""
+
+    def __init__(self, *args: object, usage_status: int = 2, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.usage_status = usage_status
+        self.validators: list[Callable[[argparse.Namespace], str | None]] = []
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace, extras = super().parse_known_args(args, namespace)
+        for validate in self.validators:
+            problem = validate(namespace)
+            if problem:
+                self.error(problem)
+        return namespace, extras
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(self.usage_status, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _run_options_problem(args: argparse.Namespace) -> str | None:
+    """`parity run`'s options that are each valid but say nothing together, or name a run that is not there."""
+    try:
+        if args.run_id is not None:
+            check_run_id(args.run_id)
+        check_seed(args.seed)
+    except ValueError as exc:
+        return str(exc)
+    if args.overwrite and args.run_id is None:
+        return "--overwrite needs --run-id: it replaces the run of that id (a run without --run-id gets a new id)"
+    if args.append and args.run_id is None:
+        return "--append needs --run-id: the run to add this session's rows to"
+    if args.append and not args.overwrite:
+        run_dir = Path(args.report_dir or DEFAULT_REPORT_DIR) / args.run_id
+        if not (run_dir / "run.json").is_file() and not (run_dir / "results.csv").is_file():
+            return (
+                f"--append --run-id {args.run_id!r}: no run of that id under {run_dir.parent} (nothing to add to); "
+                "leave --append out to start it"
+            )
+    extra = list(args.pytest_args)
+    behind = options_set_behind_parity_run(extra[1:] if extra[:1] == ["--"] else extra)
+    if behind:
+        return f"pytest arguments after -- set parity's own options: {', '.join(behind)}"
+    return None
+
+
+def _review_options_problem(args: argparse.Namespace) -> str | None:
+    if args.force and args.write_baseline is None:
+        return "--force applies only with --write-baseline (it lets a baseline replace one made for another configuration)"
+    return None
+
+
+def _margin(value: str) -> float:
+    """`--margin`: a finite, non-negative share of a row's bound (inf or NaN would accept any drift)."""
+    try:
+        margin = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {value!r}") from None
+    if not 0 <= margin < math.inf:
+        raise argparse.ArgumentTypeError(
+            f"margin must be a non-negative fraction of the bound, got {margin} (a finite number such as 0.1)"
+        )
+    return margin
+
+
+def _directory(value: str) -> Path:
+    return Path(directory_name(value))  # '' would be the working directory, which nobody typed
+
+
+def _shard_bytes(value: str) -> int:
+    try:
+        size = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of bytes, got {size}")
+    return size
+
+
 def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser(
         "run",
+        usage_status=PYTEST_USAGE_ERROR,
         help="run the parity suites and write a report",
         description=(
             "Run the parity suites (parity/suites/) through pytest with the parity plugin and write one run "
@@ -51,7 +146,14 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
         ),
     )
     add_run_options(run.add_argument, prefix="")
-    run.add_argument("-n", "--numprocesses", default=None, metavar="N", help="pytest-xdist workers (passed to pytest -n)")
+    run.add_argument(
+        "-n",
+        "--numprocesses",
+        default=None,
+        type=workers,
+        metavar="N",
+        help="pytest-xdist workers: a number, auto or logical (passed to pytest -n)",
+    )
     run.add_argument(
         "--benchmarks",
         action="store_true",
@@ -60,8 +162,9 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "pytest_args",
         nargs=argparse.REMAINDER,
-        help="extra arguments after `--` are passed to pytest unchanged",
+        help="extra arguments after `--` are passed to pytest unchanged (not parity's own --parity-* options)",
     )
+    run.validators.append(_run_options_problem)
     run.set_defaults(func=cmd_run)
 
 
@@ -75,9 +178,9 @@ def _add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:
         ),
     )
     ckpt.add_argument("kind", choices=("ar", "dit"), help="which model: ar (MammothModa2 backbone) or dit (Transformer2DModel)")
-    ckpt.add_argument("out_dir", type=Path, help="directory to write (created if missing)")
+    ckpt.add_argument("out_dir", type=_directory, help="directory to write (created if missing)")
     ckpt.add_argument("--size", choices=("tiny", "full"), default="tiny", help="configuration (default: tiny)")
-    ckpt.add_argument("--seed", type=int, default=0, help="random seed of the weights (default: 0)")
+    ckpt.add_argument("--seed", type=seed_option, default=0, help="random seed of the weights, 0 .. 2147483647 (default: 0)")
     ckpt.add_argument(
         "--layout",
         choices=("parity", "release"),
@@ -88,7 +191,11 @@ def _add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:
         ),
     )
     ckpt.add_argument(
-        "--max-shard-bytes", type=int, default=None, metavar="N", help="write shards of at most N bytes with an index"
+        "--max-shard-bytes",
+        type=_shard_bytes,
+        default=None,
+        metavar="N",
+        help="write shards of at most N bytes with an index (weight files of an earlier checkpoint in DIR are replaced)",
     )
     ckpt.set_defaults(func=cmd_make_checkpoint)
 
@@ -104,7 +211,7 @@ def _add_inspect_parser(sub: argparse._SubParsersAction) -> None:
             "family present; 1: a config is refused or an implementation cannot load the directory."
         ),
     )
-    inspect.add_argument("directory", type=Path, metavar="DIR")
+    inspect.add_argument("directory", type=_directory, metavar="DIR")
     inspect.add_argument(
         "--target", default="serving", help="the implementation inspected beside the reference (default: serving)"
     )
@@ -126,8 +233,13 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
             "more than MARGIN more of its bound than in the baseline; a vanished gate row fails too; info rows never do. "
             "A run that did not complete (run.json status interrupted, crashed, running or none; records of results.csv "
             "cut short) is said first and exits 3 unless --allow-incomplete; its whole rows are reviewed either way. "
-            "Exit 0: clean; 1: a failing row, a regression or a vanished gate row; 2: unreadable run (no rows) or unusable "
-            "baseline; 3: incomplete run."
+            "Nothing in results.csv is taken on trust: every gate verdict is derived again from its value, threshold and "
+            "direction, and a row whose recorded verdict disagrees fails the review; rows that are not one run's parity rows "
+            "(an unknown verdict, kind, better or bound, a value that is not a number, the header twice, several targets, "
+            "devices, dtypes, sizes or torch versions, run.json saying otherwise) are refused. "
+            "Exit 0: clean; 1: a failing row, a regression, a vanished gate row or a verdict the row's numbers contradict; "
+            "2: unreadable run (no rows, not one run's parity rows, a symbolic link) or unusable baseline or --write-baseline "
+            "path; 3: incomplete run."
         ),
     )
     review.add_argument(
@@ -149,7 +261,7 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--no-baseline", action="store_true", help="do not compare with any baseline")
     review.add_argument(
         "--margin",
-        type=float,
+        type=_margin,
         default=DEFAULT_MARGIN,
         help=f"share of a row's bound it may move toward the bound before it is a regression (default {DEFAULT_MARGIN})",
     )
@@ -161,7 +273,9 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help=(
             "after reviewing, write this run as the baseline (default path: reports/baselines/<device kind>-<dtype>.csv "
-            "for the built-in target, <device kind>-<dtype>-<target>.csv for any other); give RUN_DIR before this option"
+            "for the built-in target, <device kind>-<dtype>-<target>.csv for any other); give RUN_DIR before this option. "
+            "Written whole (a temporary file renamed over PATH); never into a run directory, through a symbolic link or over "
+            "a file that is not a baseline (a results.csv included), --force or not"
         ),
     )
     review.add_argument(
@@ -180,6 +294,7 @@ def _add_review_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="review an interrupted, crashed or torn run by its rows (exit 0/1) instead of exiting 3",
     )
+    review.validators.append(_review_options_problem)
     review.set_defaults(func=cmd_review)
 
 
@@ -189,9 +304,12 @@ def _add_check_target_parser(sub: argparse._SubParsersAction) -> None:
         help="check a target against the contract and list which suites will run or skip",
         description=(
             "Resolve the target once and check it against the contract of docs/targets.md: its members, and per "
-            "model family it provides, every adapter member called once on a tiny input (return types and shapes). "
-            "Lists the families and suites that will run or skip and why, and the engine policies the target "
-            "declares not applicable. Exit 0: conforms; 1: a member is missing or returns the wrong thing (one line each)."
+            "model family it provides, every adapter member the suites call, called once on a tiny input (return types "
+            "and shapes). Runs in a child process under a time limit: a target that ends the process (sys.exit, os._exit), "
+            "hangs or leaves non-daemon threads running is named with the step it was at. Lists the families and suites "
+            "that will run or skip and why, and the engine policies the target declares not applicable. Exit 0: conforms; "
+            "1: a member is missing or returns the wrong thing, or the target exits, hangs or leaves threads (one line "
+            "each); 2: an unknown --suite; 3: the spec does not resolve to a factory."
         ),
     )
     check.add_argument("target", metavar="TARGET", help="serving, reference or package.module:factory")
@@ -204,12 +322,19 @@ def _add_check_target_parser(sub: argparse._SubParsersAction) -> None:
         help="probe only the families these report suites need (repeatable; default: every family)",
     )
     check.add_argument("--quiet", action="store_true", help="print nothing when the target conforms")
+    check.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long the check may take before the target is named as hanging (default: $PARITY_CHECK_TARGET_TIMEOUT or 180)",
+    )
     check.set_defaults(func=cmd_check_target)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parity", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     _add_run_parser(sub)
     _add_review_parser(sub)
     _add_checkpoint_parser(sub)
@@ -266,21 +391,48 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (RunDirError, OSError) as exc:
         print(f"parity run: {exc}", file=sys.stderr)
         return PYTEST_USAGE_ERROR
+    try:
+        timeout = check_timeout()
+    except ValueError as exc:
+        print(f"parity run: {exc}", file=sys.stderr)
+        return PYTEST_USAGE_ERROR
     argv = pytest_args_for_run(args, run_id)
     env.select_cpu_kernels()  # before pytest imports anything that runs a kernel (docs/cpu-kernels.md)
-    with ConformanceCheck.start(args) as check:
-        warm_imports()  # while the check's process builds the target: both take a few seconds
-        problem = check.problem()
-    if problem is not None:
-        print(
-            f"parity run: target {args.target} does not conform (parity check-target {args.target}): {problem}", file=sys.stderr
-        )
-        return 1
-    print(f"parity run: {run_dir}\n  pytest {' '.join(argv)}", flush=True)
-    code = int(pytest.main(argv))
+    # SIGINT, SIGTERM and SIGHUP end the whole command as one clean stop (README `parity run`): the
+    # plugin records the signal in run.json and this command still prints the summary.
+    watch = SignalWatch("parity run").install()
+    stage = "before any suite ran: nothing was written"
+    try:
+        with ConformanceCheck.start(args, timeout) as check:
+            warm_imports()  # while the check's process builds the target: both take a few seconds
+            problem = check.problem()
+        if problem is not None:
+            print(
+                f"parity run: target {args.target} does not conform (parity check-target {args.target}): {problem}",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"parity run: {run_dir}\n  pytest {' '.join(argv)}", flush=True)
+        code = int(pytest.main(argv))
+        stage = f"after the run's end was recorded: `parity review {run_dir}` prints its summary"
+        return _after_pytest(args, run_dir, argv, code)
+    except KeyboardInterrupt:
+        print(f"\nparity run: {watch.received or 'KeyboardInterrupt'}: stopped {stage}", file=sys.stderr)
+        return PYTEST_INTERRUPTED
+    finally:
+        watch.restore()
+
+
+def _after_pytest(args: argparse.Namespace, run_dir: Path, argv: list[str], code: int) -> int:
+    """What `parity run` says once pytest has returned: the run's status in one line when it did
+    not complete, the per-suite summary, the mutation score and the review page; the exit status."""
     if code == PYTEST_USAGE_ERROR:
         return code  # pytest printed the one ERROR line
-    if code == PYTEST_NO_TESTS:
+    resumed_all = code == PYTEST_NO_TESTS and args.append and (run_dir / "results.csv").exists()
+    if resumed_all:  # `parity.plugin.resume`: every selected test already holds its rows
+        print(f"parity run: every selected test of {run_dir} already holds its rows: nothing ran again")
+        code = 0
+    elif code == PYTEST_NO_TESTS:
         print(f"parity run: no tests were selected (pytest exit code 5) for {' '.join(argv)}", file=sys.stderr)
         return PYTEST_NO_TESTS
     if not (run_dir / "results.csv").exists():
@@ -289,9 +441,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     info = read_run_info(run_dir)
     if info.get("status") != COMPLETE:
         how = info.get("signal") or info.get("reason") or "no end recorded"
+        covers = (
+            "the summary below leaves those rows out"
+            if info.get("unwritten_rows") and not info.get("signal")
+            else "the summary below covers the rows written before it stopped"
+        )
         print(
-            f"parity run: the run is {info.get('status', 'unknown')} ({how}): the summary below covers the rows written "
-            f"before it stopped; run.json says so and `parity review` will too",
+            f"parity run: the run is {info.get('status', 'unknown')} ({how}): {covers}; run.json says so and "
+            "`parity review` will too",
             file=sys.stderr,
         )
     result = outcome(run_dir)
@@ -318,7 +475,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_review(args: argparse.Namespace) -> int:
-    from parity.report.baseline import BaselineError, default_baseline_path, write_baseline
+    """Review a run. Exit status (README "Review"; docs/reports.md §1): 2 when the input cannot be
+    used (an unreadable or symlinked run, rows that are not one run's parity rows, a baseline that
+    is not whole and sound, a `--write-baseline` path that may not be written, a review/ directory
+    parity did not write), 3 for an incomplete run, 1 for a failing row, a regression, a vanished
+    gate row or a row whose verdict its numbers contradict, else 0."""
+    from parity.report.audit import shown_lines
+    from parity.report.baseline import BaselineError, check_baseline_target, default_baseline_path, write_baseline
     from parity.report.page import write_page
     from parity.report.review import (
         EXIT_FAILED,
@@ -331,6 +494,8 @@ def cmd_review(args: argparse.Namespace) -> int:
     )
 
     try:
+        if args.write_baseline:  # refused before anything is read or written (docs/reports.md §2)
+            check_baseline_target(args.write_baseline)
         run_dir = args.run_dir or latest_run_dir(DEFAULT_REPORT_DIR)
         try:
             review = load_review(run_dir, baseline=args.baseline, use_default_baseline=not args.no_baseline, margin=args.margin)
@@ -348,16 +513,33 @@ def cmd_review(args: argparse.Namespace) -> int:
             print(f"parity review: {problem}", file=sys.stderr)
         print(f"parity review: {run_dir / 'results.csv'}: no rows to review", file=sys.stderr)
         return EXIT_UNUSABLE
+    if review.unusable:
+        for line in shown_lines(review.unusable):
+            print(f"parity review: {line}", file=sys.stderr)
+        print(
+            f"parity review: {run_dir}: not reviewed, its rows are not one run's parity rows ({len(review.unusable)} "
+            f"problem(s) above; exit {EXIT_UNUSABLE})",
+            file=sys.stderr,
+        )
+        return EXIT_UNUSABLE
     print(format_review(review, show_all=args.show_all))
-    print(f"review page: {write_page(review)}")
+    try:
+        print(f"review page: {write_page(review)}")
+    except (OSError, ValueError) as exc:
+        print(f"parity review: the review page was not written: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
     if args.write_baseline is not None and not review.complete:
         print(f"parity review: refusing to write a baseline from an incomplete run ({review.incomplete[0]})", file=sys.stderr)
         return EXIT_INCOMPLETE
     if args.write_baseline is not None:
+        if review.disagreements:
+            first = review.disagreements[0].line()
+            print(f"parity review: refusing to write a baseline from rows the audit contradicts ({first})", file=sys.stderr)
+            return EXIT_FAILED
         target = Path(args.write_baseline) if args.write_baseline else default_baseline_path(run_dir, review.frame)
         try:
             written = write_baseline(review.frame, target, force=args.force)
-        except BaselineError as exc:
+        except (BaselineError, ValueError, OSError) as exc:
             print(f"parity review: {exc}", file=sys.stderr)
             return EXIT_FAILED
         print(f"wrote baseline {written} ({len(review.frame)} rows): the comparison above is what it accepts")
@@ -371,56 +553,59 @@ def cmd_review(args: argparse.Namespace) -> int:
 
 
 def cmd_check_target(args: argparse.Namespace) -> int:
-    from parity.conformance import check_target
-    from parity.target import TargetError, resolve_target
-
+    """Check the target in a child process (`parity.conformance.start_check`): whatever the target
+    does (exit, hang, leave threads), this command ends within the time limit with one line each."""
+    unknown = unknown_suites(args.suite)
+    if unknown:
+        print(
+            f"parity check-target: --suite {', '.join(map(repr, unknown))}: no such suite; suites: {', '.join(KNOWN_SUITES)}",
+            file=sys.stderr,
+        )
+        return PYTEST_INTERRUPTED  # 2, argparse's usage status
     try:
-        target = resolve_target(args.target)
-    except TargetError as exc:
+        timeout = check_timeout(args.timeout)
+    except ValueError as exc:
         print(f"parity check-target: {exc}", file=sys.stderr)
+        return PYTEST_INTERRUPTED
+    outcome = start_check(args.target, args.device, args.suite).wait(timeout)
+    if outcome.code == UNRESOLVED:
+        print(f"parity check-target: {outcome.lines[0]}", file=sys.stderr)
         return TARGET_UNRESOLVED
-    result = check_target(target, args.target, device=args.device, suites=args.suite)
-    if not result.ok:
-        for problem in result.all_problems():
+    if outcome.code != 0:
+        for problem in outcome.lines:
             print(f"parity check-target: {problem}", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(result.text())
+        print(outcome.text)
     return 0
 
 
 class ConformanceCheck:
-    """`parity check-target` for `parity run`'s target, in a process of its own (a target factory
-    may patch modules, as the mutant catalogue's do, and must do so only in the process that runs
-    the suites). Started before the run's own imports so the two overlap."""
+    """`parity check-target` for `parity run`'s target, in a fresh process of its own (a target
+    factory may patch modules, as the mutant catalogue's do, and must do so only in the process
+    that runs the suites) under the same time limit. Started before the run's own imports so the
+    two overlap."""
 
-    def __init__(self, process: subprocess.Popen[str]) -> None:
+    def __init__(self, process: CheckProcess, timeout: float) -> None:
         self.process = process
+        self.timeout = timeout
 
     @classmethod
-    def start(cls, args: argparse.Namespace) -> ConformanceCheck:
-        command = [sys.executable, "-m", "parity", "check-target", args.target, "--device", args.device, "--quiet"]
-        for suite in args.suite:
-            command += ["--suite", suite]
-        return cls(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    def start(cls, args: argparse.Namespace, timeout: float) -> ConformanceCheck:
+        return cls(start_check(args.target, args.device, args.suite, fresh=True, quiet=True), timeout)
 
     def __enter__(self) -> ConformanceCheck:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self.process.poll() is None:  # left early (Ctrl-C during the imports): stop the check too
-            self.process.kill()
-            self.process.wait()
+        self.process.stop()  # left early (Ctrl-C during the imports): stop the check too
 
     def problem(self) -> str | None:
         """None when the target conforms, else the check's first problem line."""
-        _, stderr = self.process.communicate()
-        code = self.process.returncode
-        if code in (0, TARGET_UNRESOLVED):
+        outcome = self.process.wait(self.timeout)
+        if outcome.code in (0, UNRESOLVED):
             return None  # a target that does not resolve: pytest refuses it with its one ERROR line (exit 4)
-        lines = [line for line in stderr.splitlines() if line.strip()]
-        problems = [line for line in lines if line.startswith("parity check-target: ")]
-        return (problems or lines or [f"exit code {code}"])[0].removeprefix("parity check-target: ")
+        return (outcome.lines or [f"the check ended with code {outcome.code}"])[0]
 
 
 def warm_imports() -> None:
@@ -430,16 +615,28 @@ def warm_imports() -> None:
     import torch._dynamo  # noqa: F401
 
 
+def _weight_files(directory: Path) -> set[str]:
+    if not directory.is_dir():
+        return set()
+    return {p.name for pattern in ("*.safetensors", "*.safetensors.index.json") for p in directory.glob(pattern)}
+
+
 def cmd_make_checkpoint(args: argparse.Namespace) -> int:
+    """Write the checkpoint; a directory that held one gets exactly the new weight files (the old
+    ones the new checkpoint does not overwrite are removed, and said)."""
     module_name, _, attr = CHECKPOINT_MAKER.partition(":")
     make_checkpoint = getattr(importlib.import_module(module_name), attr)
     options = {} if args.max_shard_bytes is None else {"max_shard_bytes": args.max_shard_bytes}
+    before = _weight_files(args.out_dir)
     try:
         path = make_checkpoint(args.kind, args.size, args.seed, args.out_dir, layout=args.layout, **options)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"parity make-checkpoint: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {args.kind} checkpoint ({args.size}, seed {args.seed}, {args.layout} layout) to {path}")
+    removed = sorted(before - _weight_files(Path(path)))
+    if removed:
+        print(f"removed the earlier checkpoint's weight files the new one does not have: {', '.join(removed)}")
     return 0
 
 

@@ -74,14 +74,16 @@ def test_a_failing_check_makes_parity_run_exit_non_zero(tmp_path: Path) -> None:
 
 
 def test_a_malformed_case_file_is_one_readable_line_and_a_non_zero_exit(tmp_path: Path) -> None:
+    """A case file error is a usage error: pytest's one `ERROR:` line and exit 4 (README), before any test."""
     cases = _copy_cases(tmp_path)
     text = (cases / "selfcheck.toml").read_text().replace("data_range = 255.0", 'data_range = "255"')
     (cases / "selfcheck.toml").write_text(text)
     result = run_parity(["run", "--suite", "selfcheck", "--report-dir", str(tmp_path / "out")], PARITY_CASES_DIR=str(cases))
-    assert result.returncode != 0
+    assert result.returncode == 4, result.stdout + result.stderr
     expected = "selfcheck.toml: table [psnr] case 'psnr-offset-uint8': key 'data_range': expected float, found str '255'"
-    assert any(line.strip().endswith(expected) for line in result.stdout.splitlines()), result.stdout
-    assert "Traceback" not in result.stdout
+    output = result.stdout + result.stderr
+    assert any(line.strip().endswith(expected) for line in output.splitlines()), output
+    assert "Traceback" not in output
 
 
 LANES = textwrap.dedent(

@@ -17,6 +17,8 @@ that runs the session records its end in `run.json` (`session.finish_run`).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +26,7 @@ from typing import Any
 import pytest
 
 from parity import env
-from parity.cases import CaseFileError, add_case_dirs
+from parity.cases import CaseFileError, add_case_dirs, defer_errors, unreadable_case_files
 from parity.compare import ERROR, FAIL, SKIP
 from parity.plugin import lanes
 from parity.plugin.options import add_pytest_options
@@ -41,6 +43,7 @@ from parity.plugin.report_fixture import (  # noqa: F401 - fixtures are found in
     settings,
     target,
 )
+from parity.plugin.resume import ResumePlan, drop_rows, plan_resume
 from parity.plugin.session import (
     WORKER_CONTROLLER_PID,
     WORKER_RUN_DIR,
@@ -51,14 +54,22 @@ from parity.plugin.session import (
     option,
     probe_report_dir,
     session_target,
+    unwritten_text,
 )
 from parity.report import RESULTS_FILE, RUN_INFO_FILE, add_suite_seconds, format_summary, read_results, summarize
+from parity.report.rows import RowNotWritten
 from parity.target import TargetError
 
 USAGE_ERRORS = pytest.StashKey[list[str]]()
+REFUSED = pytest.StashKey[str]()  # the line this process refused the session with, before any test
 SIGNALS = pytest.StashKey[SignalWatch]()
+OWN_SIGNALS = pytest.StashKey[bool]()  # whether this session installed the watch (not `parity run`'s)
 RESUMED = pytest.StashKey[dict[str, Any]]()  # run.json of an --parity-append'ed run before this session
+RESUME = pytest.StashKey[ResumePlan]()  # what an --parity-append'ed session skips and reruns
+UNWRITTEN = pytest.StashKey[dict[str, Any]]()  # rows xdist workers could not write: count, error, tests
 WORKER_USAGE_ERROR = "parity_usage_error"  # key of a worker's one-line usage error in its workeroutput
+WORKER_RESUME_DONE = "parity_resume_done"  # workerinput: node ids an appended run already holds rows of
+WORKER_UNWRITTEN = "parity_unwritten"  # workeroutput: [count, first error, tests] of rows the disk refused
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -74,8 +85,17 @@ class _XdistHooks:
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[WORKER_RUN_DIR] = str(self.config.stash[SESSION].run_dir)
         node.workerinput[WORKER_CONTROLLER_PID] = self.config.stash[SESSION].controller_pid
+        plan = self.config.stash.get(RESUME, None)
+        if plan is not None:  # decided once, here: every worker must deselect the same tests
+            node.workerinput[WORKER_RESUME_DONE] = sorted(plan.done)
 
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        count, why, tests = getattr(node, "workeroutput", {}).get(WORKER_UNWRITTEN, (0, "", []))
+        if count:
+            unwritten = self.config.stash.setdefault(UNWRITTEN, {"count": 0, "error": "", "tests": set()})
+            unwritten["count"] += int(count)
+            unwritten["error"] = unwritten["error"] or str(why)
+            unwritten["tests"] |= set(tests)
         message = getattr(node, "workeroutput", {}).get(WORKER_USAGE_ERROR)
         errors = self.config.stash.setdefault(USAGE_ERRORS, [])
         if message and message not in errors:
@@ -95,6 +115,7 @@ def usage_error(config: pytest.Config, message: str, items: list[pytest.Item]) -
         config.hook.pytest_deselected(items=list(items))
         items.clear()
         return
+    config.stash[REFUSED] = message  # pytest still calls pytest_collection_finish (a `finally`)
     raise pytest.UsageError(message)
 
 
@@ -120,6 +141,8 @@ def pytest_configure(config: pytest.Config) -> None:
     add_case_dirs(session.cases_dirs)
     config.stash[SESSION] = session
     config.stash[WRITER] = session.writer(config)
+    if session.append and not _is_worker(config) and (session.run_dir / RESULTS_FILE).is_file():
+        config.stash[RESUME] = plan_resume(session.run_dir)
     if not _is_worker(config):
         config.pluginmanager.register(_SuiteClock(config), "parity-suite-clock")
         if config.pluginmanager.hasplugin("xdist"):
@@ -163,8 +186,49 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if drop:
             config.hook.pytest_deselected(items=drop)
             items[:] = keep
+    _deselect_resumed(config, items)
+    # A case file that could not be read stops the session only when a selected test reads it
+    # (parity.cases.unreadable_case_files): one line, exit 4, whatever else is broken elsewhere.
+    unreadable = unreadable_case_files(item.path for item in items)
+    if unreadable:
+        usage_error(config, unreadable, items)
+        return
     if session.device == "cpu" and any(lanes.is_parity_test(item) for item in items):
         lanes.set_cpu_threads()
+
+
+def _deselect_resumed(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An appended session does not run again the tests whose rows the run already holds
+    (`parity.plugin.resume`: decided by the controller, handed to xdist workers)."""
+    if _is_worker(config):
+        done = set(config.workerinput.get(WORKER_RESUME_DONE, ()))
+    else:
+        plan = config.stash.get(RESUME, None)
+        done = set(plan.done) if plan is not None else set()
+    if not done:
+        return
+    skip = [item for item in items if item.nodeid in done]
+    if skip:
+        config.hook.pytest_deselected(items=skip)
+        items[:] = [item for item in items if item.nodeid not in done]
+
+
+def _drop_resumed_rows(config: pytest.Config) -> None:
+    """Once per session, when its tests are about to run: drop the rows of the tests the resumed run
+    may hold half-written (and its torn records), so their rows are not recorded twice. Whether or
+    not they are selected now: a test without rows is missing, and runs whenever it is selected."""
+    plan = config.stash.get(RESUME, None)
+    if plan is not None and plan.changes_results:
+        drop_rows(plan)
+        config.stash[RESUME] = dataclasses.replace(plan, dropped_rows=0, torn=0)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """The session is past collection and its up-front checks: a resumed run's half-written rows go
+    now, before any test (an xdist controller schedules none before its own loop, which follows)."""
+    if not _is_worker(session.config):
+        _drop_resumed_rows(session.config)
 
 
 SUITE_PROPERTY = "parity_suite"  # a test report's user property naming its report suite (xdist sends it along)
@@ -176,6 +240,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Resolve the target once, up front, when a parity test is selected, and make sure the report
     directory can be written: a bad `--parity-target` or `--parity-report-dir` is one line before
     any test runs, never one traceback per test or an INTERNALERROR at the first row."""
+    defer_errors(False)  # collection is over: a case file read by a test raises as ever
+    if REFUSED in session.config.stash:  # refused in pytest_collection_modifyitems: nothing is touched
+        return
     if any(lanes.is_parity_test(item) for item in session.items):
         try:
             session_target(session.config)
@@ -187,22 +254,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def _watch_signals(config: pytest.Config) -> None:
-    """In the process that records the run's end (not an xdist worker), once per session."""
+    """In the process that records the run's end (not an xdist worker), once per session: the watch
+    `parity run` installed for its whole command, or one of the session's own."""
     if not _is_worker(config) and SIGNALS not in config.stash:
-        watch = SignalWatch()
-        watch.install()
-        config.stash[SIGNALS] = watch
+        outer = SignalWatch.active()
+        config.stash[SIGNALS] = outer or SignalWatch().install()
+        config.stash[OWN_SIGNALS] = outer is None
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """A parity session watches for SIGINT / SIGTERM from the start (the xdist controller collects
-    nothing itself); an appended run goes back to `running`."""
+    """A parity session watches for SIGINT, SIGTERM and SIGHUP from the start (the xdist controller
+    collects nothing itself); an appended run goes back to `running`."""
     config = session.config
     if _is_worker(config) or SESSION not in config.stash:
         return
     if lanes.parity_session(config):
         _watch_signals(config)
-    resumed = config.stash[SESSION].resume(config)
+    plan = config.stash.get(RESUME, None)
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    if plan is not None and terminal is not None:  # said even under -q: the session runs only part of the tests
+        terminal.write_line(plan.line())
+    resumed = config.stash[SESSION].resume(config, plan)
     if resumed is not None:
         config.stash[RESUMED] = resumed
 
@@ -210,9 +282,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Record the run's end in run.json (the controller, or the only process) and print the one
-    line of a worker's usage error."""
+    line of a worker's usage error. Rows the disk refused make the run incomplete and the exit
+    non-zero; an xdist worker hands its count to the controller."""
     config = session.config
-    if _is_worker(config) or SESSION not in config.stash:
+    if SESSION not in config.stash:
+        return
+    writer = config.stash.get(WRITER, None)
+    if _is_worker(config):
+        if writer is not None and writer.unwritten:
+            config.workeroutput[WORKER_UNWRITTEN] = [writer.unwritten, writer.write_error, sorted(writer.unwritten_tests)]
         return
     watch = config.stash.get(SIGNALS, None)
     try:
@@ -224,13 +302,38 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if session.exitstatus == pytest.ExitCode.USAGE_ERROR and RESUMED in config.stash:
             config.stash[SESSION].restore(config.stash[RESUMED])  # refused before any test: the run is as it was
             return
-        _record_suite_seconds(config)
+        unwritten = _unwritten(config)
+        if unwritten["count"] and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a row lost is never a clean exit
         received = watch.received if watch is not None else None
         stopped = str(session.shouldfail or session.shouldstop or "")
-        finish_run(config.stash[SESSION].run_dir, session.exitstatus, signal_name=received, stopped=stopped)
+        try:
+            _record_suite_seconds(config)
+            finish_run(
+                config.stash[SESSION].run_dir,
+                session.exitstatus,
+                signal_name=received,
+                stopped=stopped,
+                unwritten=unwritten["count"],
+                write_error=unwritten["error"],
+                unwritten_tests=unwritten["tests"],
+            )
+        except OSError as exc:  # the disk that refused rows may refuse run.json too: say so, in one line
+            print(f"parity: could not record the run's end in {RUN_INFO_FILE} ({exc}): it still says running", file=sys.stderr)
     finally:
-        if watch is not None:
+        if watch is not None and config.stash.get(OWN_SIGNALS, True):
             watch.restore()
+
+
+def _unwritten(config: pytest.Config) -> dict[str, Any]:
+    """Rows this process and its xdist workers could not write: count, first error, their tests."""
+    unwritten = dict(config.stash.get(UNWRITTEN, {"count": 0, "error": "", "tests": set()}))
+    writer = config.stash.get(WRITER, None)
+    if writer is not None and writer.unwritten:
+        unwritten["count"] += writer.unwritten
+        unwritten["error"] = unwritten["error"] or writer.write_error
+        unwritten["tests"] = set(unwritten["tests"]) | set(writer.unwritten_tests)
+    return unwritten
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -264,7 +367,9 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         result = yield
     except BaseException as exc:
         rep = item.stash.get(REPORT, None)
-        if rep is not None and not rep.failures and not isinstance(exc, (pytest.skip.Exception, KeyboardInterrupt)):
+        # An interruption, a deliberate pytest.exit or a row the disk refused is no error of the check.
+        quiet = (pytest.skip.Exception, pytest.exit.Exception, KeyboardInterrupt, RowNotWritten)
+        if rep is not None and not rep.failures and not isinstance(exc, quiet):
             is_assert = isinstance(exc, AssertionError)
             message = f"{type(exc).__name__}: {exc}".strip()
             rep.record(
@@ -286,22 +391,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     leaves an `error` row, so a run's CSV accounts for every test of a suite."""
     outcome = yield
     suite = lanes.suite_of(item)
-    if outcome.skipped and suite and outcome.when in ("setup", "call"):
-        _write_skip_row(item, suite, outcome)
-    if outcome.when == "setup" and outcome.failed and suite and call.excinfo is not None:
-        exc = call.excinfo.value
-        message = f"setup failed: {type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
-        item.config.stash[WRITER].write(
-            {
-                "suite": suite,
-                "case": default_case(item),
-                "metric": "exception",
-                "value": None,
-                "verdict": ERROR,
-                "detail": message,
-                "test": item.nodeid,
-            }
-        )
+    if call.excinfo is not None and isinstance(call.excinfo.value, RowNotWritten):
+        outcome.longrepr = str(call.excinfo.value)  # one line: the file, the row and the disk's error
+        return outcome
+    with contextlib.suppress(RowNotWritten):  # counted by the writer: the session says so at its end
+        if outcome.skipped and suite and outcome.when in ("setup", "call"):
+            _write_skip_row(item, suite, outcome)
+        if outcome.when == "setup" and outcome.failed and suite and call.excinfo is not None:
+            exc = call.excinfo.value
+            message = f"setup failed: {type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
+            item.config.stash[WRITER].write(
+                {
+                    "suite": suite,
+                    "case": default_case(item),
+                    "metric": "exception",
+                    "value": None,
+                    "verdict": ERROR,
+                    "detail": message,
+                    "test": item.nodeid,
+                }
+            )
     return outcome
 
 
@@ -368,3 +477,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("parity report")
     terminalreporter.write_line(format_summary(summarize(frame, config.stash.get(SUITE_SECONDS, None))))
     terminalreporter.write_line(f"{len(frame)} rows in {session.run_dir / RESULTS_FILE}")
+    unwritten = _unwritten(config)
+    if unwritten["count"]:
+        terminalreporter.write_line(
+            f"parity: the run is incomplete: {unwritten_text(unwritten['count'], unwritten['error'])}; "
+            "the summary above leaves them out"
+        )

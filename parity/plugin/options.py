@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from parity.cases import check_safe_name
+from parity.cases import check_safe_name, defer_errors
 
 PYTEST_PREFIX = "parity-"
 ENTRY_POINT = ("parity", "parity.plugin")  # the pytest11 entry point: name, module
@@ -30,7 +30,7 @@ MAX_SEED_OFFSET = 2**31 - 1  # added to case seeds, which must stay in numpy's 3
 def check_seed(seed: int, option: str = "--seed") -> int:
     """`seed` if it is a usable offset of every case seed (0 .. 2**31 - 1), else a ValueError."""
     if not 0 <= seed <= MAX_SEED_OFFSET:
-        raise ValueError(f"{option} {seed}: expected an integer in [0, {MAX_SEED_OFFSET}]")
+        raise ValueError(f"{option} {seed}: expected an integer in [0, {MAX_SEED_OFFSET}]".strip())
     return seed
 
 
@@ -38,6 +38,49 @@ def check_run_id(run_id: str, option: str = "--run-id") -> str:
     """`run_id` if it is a safe directory name (`parity.cases.SAFE_NAME`: it must not leave the
     report directory), else a ValueError naming the option and the rule."""
     return check_safe_name(run_id, option)
+
+
+def directory_name(value: str) -> str:
+    """An argparse `type`: a directory option's value, refused when empty (an empty string is no
+    directory, and reading it as "the default" would write where the user did not say)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is an empty directory name: give a directory (an option left out takes its default)"
+        )
+    return value
+
+
+def workers(value: str) -> str:
+    """An argparse `type`: pytest-xdist's `-n` (a non-negative number of workers, `auto` or `logical`)."""
+    if value in ("auto", "logical") or value.isdigit():
+        return value
+    raise argparse.ArgumentTypeError(f"expected a non-negative number of workers, 'auto' or 'logical', got {value!r}")
+
+
+def seed_option(value: str) -> int:
+    """An argparse `type`: a seed offset (`check_seed`'s range)."""
+    try:
+        seed = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
+    try:
+        return check_seed(seed, "")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).strip()) from None
+
+
+def options_set_behind_parity_run(pytest_arguments: list[str]) -> list[str]:
+    """The `--parity-*` options among pytest arguments given after `parity run --`: parity run sets
+    each of them from its own option (and reads the run directory they name), so one given behind its
+    back would send rows where parity run does not look."""
+    own = {option.flag(PYTEST_PREFIX): option.flag("") for option in RUN_OPTIONS}
+    own["--parity-no-summary"] = ""
+    found = []
+    for argument in pytest_arguments:
+        flag = argument.split("=", 1)[0]
+        if flag in own:
+            found.append(f"{flag} (give {own[flag]} to parity run)" if own[flag] else f"{flag} (parity run sets it)")
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +116,12 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     ),
     RunOption(
         "report-dir",
-        dict(default=None, metavar="DIR", help="directory that receives one run directory per run (default: ./reports/runs)"),
+        dict(
+            default=None,
+            type=directory_name,
+            metavar="DIR",
+            help="directory that receives one run directory per run (default: ./reports/runs)",
+        ),
     ),
     RunOption(
         "run-id",
@@ -148,7 +196,12 @@ def add_run_options(add: Callable[..., Any], prefix: str) -> None:
 
 
 def add_pytest_options(parser: Any) -> None:
-    """The plugin's options: `--parity-<name>` in the `parity` group, plus the hidden summary switch."""
+    """The plugin's options: `--parity-<name>` in the `parity` group, plus the hidden summary switch.
+
+    Also the session's first act: a case file that cannot be read no longer stops the collection
+    (`parity.cases.defer_errors`); the suites' conftest imports the AR and DiT tables right after
+    the options are declared, before any other hook of the plugin runs."""
+    defer_errors(True)
     group = parser.getgroup("parity", "parity harness")
     add_run_options(group.addoption, PYTEST_PREFIX)
     group.addoption("--parity-no-summary", action="store_true", help=argparse.SUPPRESS)  # parity run prints its own

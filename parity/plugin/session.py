@@ -21,13 +21,15 @@ import shutil
 import signal
 import socket
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from parity import env
 from parity.plugin.options import DEFAULT_DTYPE, PYTEST_PREFIX, check_run_id, check_seed
+from parity.plugin.resume import ResumePlan, same_selection
 from parity.report import (
     COMPLETE,
     CRASHED,
@@ -41,6 +43,16 @@ from parity.report import (
     read_run_info,
     update_run_info,
     write_run_info,
+)
+from parity.report.rows import INCOMPLETE
+from parity.report.rundir import (
+    OWNER_FILE,
+    RunClaim,
+    RunInUse,
+    UnsafePathError,
+    owner_alive,
+    process_alive,
+    read_owner,
 )
 from parity.target import TargetError, factory_path, resolve_target
 
@@ -150,6 +162,11 @@ class RunSession:
         )
         if worker_input is None and append and _is_run_dir(session.run_dir):
             session.check_append()
+        if worker_input is None and option(config, "run_id") is not None:
+            try:  # a run id given by name is claimed now; a fresh random one cannot be named by another run
+                take_run_dir(config, session.run_dir, overwrite=bool(option(config, "overwrite")), append=append)
+            except RunDirError as exc:
+                raise pytest.UsageError(str(exc)) from None
         return session
 
     def check_append(self) -> None:
@@ -194,14 +211,21 @@ class RunSession:
         }
         return ReportWriter(self.run_dir, context, on_create=lambda run_dir: write_run_info(run_dir, self.run_info(config)))
 
-    def resume(self, config: pytest.Config) -> dict[str, Any] | None:
+    def resume(self, config: pytest.Config, plan: ResumePlan | None = None) -> dict[str, Any] | None:
         """`--parity-append` to an existing run: its status goes back to running; the outcome of the
-        earlier session(s) is kept in `previous_sessions` (a review counts every one). Returns the
-        run.json as it was, so a session refused before any test can put it back (`restore`)."""
+        earlier session(s) is kept in `previous_sessions` (a review counts every one), with what
+        `plan` (`parity.plugin.resume`) reruns. The tests that hold their rows are deselected by the
+        plugin and the rows of half-written ones dropped before the first test. Returns the run.json
+        as it was, so a session refused before any test can put it back (`restore`)."""
         if not self.append or not (self.run_dir / RUN_INFO_FILE).is_file():
             return None
         info = read_run_info(self.run_dir)
-        earlier = {k: info.get(k) for k in ("status", "started", "ended", "signal", "reason", "args") if k in info}
+        keys = ("status", "started", "ended", "signal", "reason", "args", "unwritten_rows")
+        earlier = {k: info.get(k) for k in keys if k in info}
+        if plan is not None and plan.rerun:
+            earlier["rerun_by_next_session"] = sorted(plan.rerun)
+        if info.get("status") != COMPLETE and same_selection(info.get("args"), list(config.invocation_params.args)):
+            earlier["resumed"] = True  # this session selects the same tests: the review counts it in its place
         update_run_info(
             self.run_dir,
             previous_sessions=[*info.get("previous_sessions", []), earlier],
@@ -210,6 +234,8 @@ class RunSession:
             ended=None,
             signal=None,
             reason=None,
+            unwritten_rows=None,
+            unwritten_tests=None,
             pid=os.getpid(),
             host=socket.gethostname(),
             args=list(config.invocation_params.args),
@@ -238,32 +264,134 @@ def probe_report_dir(report_dir: Path, option: str) -> None:
 
 
 def claim_run_dir(run_dir: Path, *, overwrite: bool, append: bool, prefix: str = PYTEST_PREFIX) -> None:
-    """Refuse to mix two runs in one directory: an existing run is replaced only with `overwrite`
-    (removed here) and added to only with `append`; a directory that is not a parity run is never
-    removed. `prefix`: how the options are spelt in the message (`parity-` for pytest, '' for `parity run`)."""
+    """Refuse, before anything is written, to mix two runs in one directory: a run directory that
+    is a symbolic link; one a live run owns (never overwritten, appended to or shared: docs/reports.md
+    §2); an existing run without `overwrite` (replace it) or `append` (add to it); a directory that
+    is not a parity run. Checks only: the session takes the claim (`take_run_dir`). `prefix`: how
+    the options are spelt in the message (`parity-` for pytest, '' for `parity run`)."""
     run_id = f"--{prefix}run-id {run_dir.name!r}"
     if overwrite and append:
         raise RunDirError(f"--{prefix}overwrite and --{prefix}append contradict each other: give one")
+    if run_dir.is_symlink():
+        raise RunDirError(
+            f"{run_id}: {run_dir} is a symbolic link (to {os.readlink(run_dir)}); a run is never written through a link: "
+            "choose another run id or report directory"
+        )
     if not run_dir.exists():
         return
     if not run_dir.is_dir():
         raise RunDirError(f"{run_id}: {run_dir} exists and is not a directory")
+    try:
+        live = live_owner(run_dir)
+    except UnsafePathError as exc:
+        raise RunDirError(f"{run_id}: {exc}") from None
+    if live:
+        raise RunDirError(_in_use(run_id, run_dir, live, overwrite=overwrite, append=append, prefix=prefix))
+    problem = _existing_problem(run_dir, overwrite=overwrite, append=append, prefix=prefix)
+    if problem:
+        raise RunDirError(problem)
+
+
+def _existing_problem(run_dir: Path, *, overwrite: bool, append: bool, prefix: str) -> str:
+    """Why this session may not use the existing `run_dir` as asked ('' when it may)."""
+    run_id = f"--{prefix}run-id {run_dir.name!r}"
+    if not run_dir.exists():
+        return ""
     if not _is_run_dir(run_dir):
-        if any(run_dir.iterdir()):
-            raise RunDirError(
+        if any(p.name != OWNER_FILE for p in run_dir.iterdir()):
+            return (
                 f"{run_id}: {run_dir} exists, is not empty and holds no parity run (no {RESULTS_FILE}, no {RUN_INFO_FILE}): "
                 "choose another run id or report directory"
             )
-        return
-    if append:
-        return
-    if overwrite:
-        shutil.rmtree(run_dir)
-        return
-    raise RunDirError(
+        return ""
+    if append or overwrite:
+        return ""
+    return (
         f"{run_id}: {run_dir} already holds a run ({_describe_existing(run_dir)}); "
         f"pass --{prefix}overwrite to replace it or --{prefix}append to add this session's rows to it"
     )
+
+
+def _in_use(run_id: str, run_dir: Path, owner: str, *, overwrite: bool, append: bool, prefix: str) -> str:
+    if overwrite:
+        why = f"--{prefix}overwrite would delete the rows it is writing"
+    elif append:
+        why = "a second session cannot add rows to it while it runs"
+    else:
+        why = "two runs never share a directory"
+    return f"{run_id}: {run_dir} is in use by a live run ({owner}); {why}: wait for it to end or choose another run id"
+
+
+def live_owner(run_dir: Path) -> str | None:
+    """Who is running in `run_dir` now (a process that holds its claim, or, for a run without a
+    claim file, a live process run.json names as running), or None when no live process is."""
+    alive = owner_alive(run_dir)
+    if alive:
+        owner = read_owner(run_dir)
+        return owner.describe() if owner is not None else "owner record unreadable"
+    if alive is None:
+        return _running_by_run_info(run_dir)
+    return None
+
+
+def _running_by_run_info(run_dir: Path) -> str | None:
+    """A run without a claim (a session without a run id, or an older parity): run.json's
+    `running` with a live process of this host other than this one."""
+    try:
+        info = read_run_info(run_dir)
+    except ValueError:
+        return None
+    pid, host = info.get("pid"), info.get("host")
+    if info.get("status") == RUNNING and pid != os.getpid() and process_alive(pid, host):
+        return f"process {pid} on {host}, started {info.get('started')}"
+    return None
+
+
+def take_run_dir(config: pytest.Config, run_dir: Path, *, overwrite: bool, append: bool, prefix: str = PYTEST_PREFIX) -> RunClaim:
+    """Claim `run_dir` for this session when it starts (docs/reports.md §2): its owner (pid, host,
+    time) is recorded in `.parity-owner`, whose lock this process holds until the session ends.
+    A second session into the same run id, an `--overwrite` or an `--append` while it runs is
+    refused; an owner that has gone (its lock released: the process ended, `kill -9` included) is
+    recognised, and its run may be overwritten or appended to. `overwrite` removes the old run
+    here, under the claim. The claim is given up when pytest unconfigures; a session that wrote
+    no row leaves nothing behind."""
+    run_id = f"--{prefix}run-id {run_dir.name!r}"
+    try:
+        claim = RunClaim.take(run_dir)
+    except RunInUse as exc:
+        owner = exc.owner.describe() if exc.owner is not None else "owner record unreadable"
+        raise RunDirError(_in_use(run_id, run_dir, owner, overwrite=overwrite, append=append, prefix=prefix)) from None
+    except (UnsafePathError, OSError) as exc:
+        raise RunDirError(f"{run_id}: {exc}") from None
+    try:
+        live = _running_by_run_info(run_dir) if claim.previous is None else None
+        problem = (
+            _in_use(run_id, run_dir, live, overwrite=overwrite, append=append, prefix=prefix)
+            if live
+            else _existing_problem(run_dir, overwrite=overwrite, append=append, prefix=prefix)
+        )
+        if problem:
+            raise RunDirError(problem)
+        if overwrite and _is_run_dir(run_dir):
+            _clear(run_dir)
+        claim.record()
+    except BaseException:
+        claim.release(keep_record=claim.previous is not None)
+        raise
+    config.add_cleanup(lambda: claim.release(keep_record=(run_dir / RESULTS_FILE).exists()))
+    return claim
+
+
+def _clear(run_dir: Path) -> None:
+    """Remove an ended run's files for `--overwrite`, keeping the claim file this session holds;
+    links are removed, never followed."""
+    for entry in run_dir.iterdir():
+        if entry.name == OWNER_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,64 +402,121 @@ EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_INTERNAL, EXIT_USAGE, EXIT_NO_TESTS
 
 
 class SignalWatch:
-    """Remembers which signal interrupted the session: SIGINT raises KeyboardInterrupt as Python's
-    default handler does, and SIGTERM (which would end the process on the spot) raises it too, so
-    pytest unwinds and the run's end is recorded. Installed only in the process that records the
-    run's end, only over the default handlers, and put back afterwards."""
+    """One clean stop for SIGINT, SIGTERM and SIGHUP (a closed terminal): the first of them raises
+    KeyboardInterrupt in the main thread, as Python's default SIGINT handler does, so pytest unwinds
+    and the run's end is recorded with the signal's name; a repeat while the run stops (a second
+    Ctrl-C) is said in one line and otherwise ignored, so recording the end and printing the summary
+    are not cut short by a KeyboardInterrupt inside them (they take a moment; `kill -9` still ends
+    the process at once). Installed only over the default handlers, in the process that records the
+    run's end, and put back afterwards. `parity run` installs one for its whole command; the plugin
+    then uses that one (`SignalWatch.active`) instead of installing its own."""
 
-    def __init__(self) -> None:
+    SIGNALS: ClassVar[tuple[str, ...]] = ("SIGINT", "SIGTERM", "SIGHUP")
+    _active: ClassVar[SignalWatch | None] = None
+
+    def __init__(self, who: str = "parity") -> None:
+        self.who = who  # how the one line about a repeated signal starts
         self.received: str | None = None
+        self.repeats = 0
         self._previous: dict[int, Any] = {}
 
-    def install(self) -> None:
-        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-        for signum, default in defaults.items():
+    @classmethod
+    def active(cls) -> SignalWatch | None:
+        """The watch installed in this process, if any."""
+        return cls._active
+
+    def install(self) -> SignalWatch:
+        """Take over each signal of `SIGNALS` whose handler is still the default one; returns self."""
+        defaults = {"SIGINT": signal.default_int_handler}
+        for name in self.SIGNALS:
+            signum = getattr(signal, name, None)
+            if signum is None:  # not on this platform (SIGHUP on Windows)
+                continue
             try:
-                if signal.getsignal(signum) is default:
+                if signal.getsignal(signum) is defaults.get(name, signal.SIG_DFL):
                     self._previous[signum] = signal.signal(signum, self._handle)
             except ValueError:  # not the main thread: leave signals alone
-                return
+                break
+        if self._previous:
+            SignalWatch._active = self
+        return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.received = signal.Signals(signum).name
-        raise KeyboardInterrupt(f"{self.received} received")
+        name = signal.Signals(signum).name
+        if self.received is None:
+            self.received = name
+            raise KeyboardInterrupt(f"{name} received")
+        self.repeats += 1
+        if self.repeats == 1:  # said once; os.write: a print here could re-enter a print it interrupted
+            with contextlib.suppress(OSError):
+                os.write(
+                    2, f"\n{self.who}: {name} again: already stopping after {self.received} (recording the run's end)\n".encode()
+                )
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():
             with contextlib.suppress(ValueError):  # not the main thread
                 signal.signal(signum, handler)
         self._previous.clear()
+        if SignalWatch._active is self:
+            SignalWatch._active = None
 
 
-def run_status(exitstatus: int, *, signal_name: str | None, stopped: str) -> dict[str, Any]:
+def unwritten_text(count: int, error: str) -> str:
+    """The reason `run.json` and `parity run` give for rows the disk refused."""
+    return f"{count} report row(s) could not be written ({error or 'no error recorded'})" if count else ""
+
+
+def run_status(exitstatus: int, *, signal_name: str | None, stopped: str, unwritten: str = "") -> dict[str, Any]:
     """The status `run.json` records for a session that ended with pytest's `exitstatus`:
-    `complete` (every selected test ran, whatever their verdicts), `interrupted` (a signal, or
-    pytest stopped early: -x, --maxfail, collection errors) or `crashed` (an internal error)."""
+    `complete` (every selected test ran and every row is on disk, whatever the verdicts),
+    `interrupted` (a signal, or pytest stopped early: -x, --maxfail, collection errors),
+    `incomplete` (every test ran but `unwritten` says rows could not be written: a full disk) or
+    `crashed` (an internal error). `unwritten` is added to the reason of any status."""
+
+    def reason(text: str | None) -> str | None:
+        return "; ".join(filter(None, [text, unwritten])) or None
+
     code = int(exitstatus)
     if code == EXIT_INTERRUPTED or signal_name:
         return {
             "status": INTERRUPTED,
             "signal": signal_name,
-            "reason": stopped or ("pytest was interrupted" if not signal_name else None),
+            "reason": reason(stopped or ("pytest was interrupted" if not signal_name else None)),
         }
     if code in (EXIT_OK, EXIT_FAILED, EXIT_NO_TESTS):
         if stopped:
-            return {"status": INTERRUPTED, "signal": None, "reason": f"stopped early: {stopped}"}
+            return {"status": INTERRUPTED, "signal": None, "reason": reason(f"stopped early: {stopped}")}
+        if unwritten:
+            return {"status": INCOMPLETE, "signal": None, "reason": unwritten}
         return {"status": COMPLETE, "signal": None, "reason": None}
     if code == EXIT_INTERNAL:
-        return {"status": CRASHED, "signal": None, "reason": "pytest internal error"}
-    return {"status": CRASHED, "signal": None, "reason": f"pytest exit status {code}"}
+        return {"status": CRASHED, "signal": None, "reason": reason("pytest internal error")}
+    return {"status": CRASHED, "signal": None, "reason": reason(f"pytest exit status {code}")}
 
 
-def finish_run(run_dir: Path, exitstatus: int, *, signal_name: str | None, stopped: str) -> dict[str, Any] | None:
+def finish_run(
+    run_dir: Path,
+    exitstatus: int,
+    *,
+    signal_name: str | None,
+    stopped: str,
+    unwritten: int = 0,
+    write_error: str = "",
+    unwritten_tests: Iterable[str] = (),
+) -> dict[str, Any] | None:
     """Record the end of the run in `run.json` (only where the run directory was created: a session
-    without rows has none). Returns what was recorded."""
+    without rows has none). Rows the disk refused make it `incomplete` (or are added to the reason
+    of an interruption) and are counted in `unwritten_rows`; their tests in `unwritten_tests`, which
+    an appended session runs again (`parity.plugin.resume`). Returns what was recorded."""
     if not (run_dir / RUN_INFO_FILE).is_file():
         return None
     status = {
-        **run_status(exitstatus, signal_name=signal_name, stopped=stopped),
+        **run_status(exitstatus, signal_name=signal_name, stopped=stopped, unwritten=unwritten_text(unwritten, write_error)),
         "ended": now_text(),
         "exitstatus": int(exitstatus),
+        "unwritten_rows": int(unwritten) or None,
+        "unwritten_tests": sorted(set(unwritten_tests)) or None,
     }
     update_run_info(run_dir, **status)
     return status

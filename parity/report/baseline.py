@@ -38,8 +38,11 @@ is this rule: docs/machine-independence.md):
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import gzip
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -47,7 +50,9 @@ from typing import Any
 import pandas as pd
 
 from parity.compare import ERROR, FAIL, FIXED, MEASURED, SKIP, TIE_FLIP
-from parity.report.rows import CASE_KEYS, COLUMNS, read_results, read_run_info
+from parity.report.audit import audit_records, read_records
+from parity.report.rows import CASE_KEYS, COLUMNS, RESULTS_FILE, RUN_INFO_FILE, ReportError, read_results, read_run_info
+from parity.report.rundir import UnsafePathError, atomic_write
 
 BASELINE_DIR = Path("reports") / "baselines"  # relative to the directory a command runs in
 ROW_KEYS = ["suite", "case", "target", "mode", "site", "metric"]
@@ -90,16 +95,47 @@ class BaselineError(ValueError):
 # ---------------------------------------------------------------------------------------------
 
 
-def load_rows(source: str | Path) -> pd.DataFrame:
+def load_rows(source: str | Path, *, strict: bool = False) -> pd.DataFrame:
     """Rows of a run directory, a `results.csv` or a baseline CSV, with value/threshold as floats.
 
-    Volatile columns a baseline does not carry come back as empty strings.
+    Volatile columns a baseline does not carry come back as empty strings. `strict` (a baseline:
+    what a run is judged against must be whole and sound) refuses, with one line naming the file
+    and line, a record cut short, a value that is not a number, a verdict, kind, `better` or `bound`
+    the writer does not write, and a row whose verdict its numbers contradict (parity.report.audit).
     """
+    if strict:
+        check_baseline_file(source)
     frame = read_results(source, required=BASELINE_COLUMNS)
     for column in VOLATILE_COLUMNS:
         if column not in frame.columns:
             frame[column] = ""
     return frame[list(COLUMNS)].copy()
+
+
+def check_baseline_file(source: str | Path) -> None:
+    """Raise `BaselineError` (one line: file, line, row, what) unless every record of `source` is a
+    whole, sound parity row: a baseline is never read past a torn record or a row the audit refuses."""
+    path = Path(source)
+    results = path / RESULTS_FILE if path.is_dir() else path
+    if not results.exists():
+        raise FileNotFoundError(f"no report rows at {results}")
+    try:
+        records = read_records(results)
+    except (ReportError, OSError, EOFError) as exc:  # EOFError: a .gz cut short
+        raise BaselineError(f"baseline {path}: {exc}") from None
+    if records.torn:
+        raise BaselineError(
+            f"baseline {records.path} line {records.torn[0]}: a record cut short ({len(records.torn)} in all); "
+            "a baseline is never read in part: regenerate it"
+        )
+    missing = [c for c in BASELINE_COLUMNS if c not in records.header]
+    if missing:
+        return  # read_results says "not a parity results file" with the columns
+    info = read_run_info(path) if path.is_dir() else {}
+    problems = audit_records(records, info).problems
+    if problems:
+        more = f" ({len(problems)} problems in all)" if len(problems) > 1 else ""
+        raise BaselineError(f"baseline {records.path.parent}/{problems[0].line()}{more}")
 
 
 def device_kind(device: str, device_name: str = "") -> str:
@@ -192,11 +228,20 @@ def baseline_rows(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_baseline(frame: pd.DataFrame, path: str | Path, *, force: bool = False) -> Path:
-    """Write `frame` as a baseline; refuses a run with failing rows (a baseline is a clean state),
-    and, unless `force`, replacing an existing baseline of another configuration or target or one
-    that holds cases the run lacks (`replacement_problem`)."""
-    if Path(path).exists() and not force:
-        problem = replacement_problem(load_rows(path), frame)
+    """Write `frame` as a baseline, whole or not at all (a temporary file renamed over `path`: a
+    write killed half-way leaves the old baseline); refuses a run with failing rows (a baseline is a
+    clean state), a path `check_baseline_target` refuses, and, unless `force`, replacing an existing
+    baseline of another configuration or target, one that holds cases the run lacks
+    (`replacement_problem`) or one that cannot be read."""
+    path = check_baseline_target(path)
+    if path.exists() and path.stat().st_size > 0 and not force:
+        try:
+            old = load_rows(path, strict=True)
+        except (BaselineError, ReportError) as exc:
+            raise BaselineError(
+                f"refusing to overwrite the baseline {path}: it is unreadable ({exc}); pass --force to replace it"
+            ) from None
+        problem = replacement_problem(old, frame)
         if problem:
             raise BaselineError(f"refusing to overwrite the baseline {path}: {problem}; pass --force to replace it")
     failing = frame[(frame["kind"] != "info") & frame["verdict"].isin(_FAILING)]
@@ -206,14 +251,76 @@ def write_baseline(frame: pd.DataFrame, path: str | Path, *, force: bool = False
             f"refusing to write a baseline from a run with {len(failing)} failing gate row(s), e.g. "
             f"{first['suite']}/{first['case']}/{first['mode']} {first['metric']}={first['value']} ({first['verdict']})"
         )
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = baseline_rows(frame)
     # Floats as Python's shortest round-trip repr: a regenerated baseline only diffs where a number did.
     for column in ("value", "threshold"):
         rows[column] = rows[column].map(_number_text)
-    rows.to_csv(path, index=False)
+    return atomic_write(path, rows.to_csv(index=False, lineterminator="\n"))
+
+
+def check_baseline_target(path: str | Path) -> Path:
+    """The path `--write-baseline` was given, if a baseline may be written there; else one line
+    (`UnsafePathError`) saying why (docs/reports.md §2). A baseline is written exactly where it is
+    named: never through a symbolic link, never into a directory that holds a run (its results.csv
+    and run.json are the run's own: `parity review --write-baseline R/results.csv`, the option
+    typed before the run directory, names the run's own file), and never over a file that is not a
+    baseline (a results file, with the volatile columns, or any other file) -- `--force` replaces a
+    baseline of another configuration, nothing else. An empty file may be replaced."""
+    path = Path(path)
+    hint = "put RUN_DIR before --write-baseline (after it, the next word is read as PATH)"
+    if path.is_symlink():
+        raise UnsafePathError(
+            f"--write-baseline {path}: a symbolic link; a baseline is written where it is named: give the file it points to"
+        )
+    if path.is_dir():
+        raise UnsafePathError(f"--write-baseline {path}: a directory, not a baseline file; {hint}")
+    run_dir = enclosing_run_dir(path)
+    if run_dir is not None:
+        raise UnsafePathError(
+            f"--write-baseline {path}: inside the run directory {run_dir}; a baseline is never written into a run: "
+            f"give a path outside it, and {hint}"
+        )
+    if path.is_file() and path.stat().st_size > 0:
+        header = _header(path)
+        volatile = [c for c in VOLATILE_COLUMNS if c in header]
+        if volatile:
+            raise UnsafePathError(
+                f"--write-baseline {path}: a run's results file (columns {', '.join(volatile)}), not a baseline; "
+                f"refusing to overwrite it, --force or not; {hint}"
+            )
+        missing = [c for c in BASELINE_COLUMNS if c not in header]
+        if missing:
+            raise UnsafePathError(
+                f"--write-baseline {path}: exists and is not a parity baseline (no column {missing[0]}); "
+                "refusing to overwrite it, --force or not"
+            )
     return path
+
+
+def enclosing_run_dir(path: str | Path) -> Path | None:
+    """The run directory `path` lies in (a directory above it holding results.csv, or a run.json
+    with a run id), or None."""
+    for directory in Path(os.path.abspath(path)).parents:
+        if (directory / RESULTS_FILE).is_file():
+            return directory
+        if (directory / RUN_INFO_FILE).is_file():
+            try:
+                if "run_id" in read_run_info(directory):
+                    return directory
+            except (ReportError, OSError):
+                continue
+    return None
+
+
+def _header(path: Path) -> list[str]:
+    """The header of a CSV file ([] when it is not readable text)."""
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8", newline="") as handle:
+            return next(csv.reader([handle.readline()]), [])
+    except (OSError, UnicodeDecodeError, EOFError):
+        return []
 
 
 def _number_text(value: float) -> str:

@@ -21,8 +21,10 @@ import dataclasses
 import html
 import math
 import numbers
+import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,9 +46,10 @@ from parity.report.plots import (
 )
 from parity.report.review import Review, failing_first, failing_suites_first, used_share
 from parity.report.rows import RESULTS_FILE, RUN_INFO_FILE, mutation_score, summarize
+from parity.report.rundir import UnsafePathError, atomic_write, refuse_link
 
 PAGE_FILE = "index.html"
-ASSET_DIR = "review"  # figures the page draws; rewritten on every page build
+ASSET_DIR = "review"  # figures the page draws; replaced on every page build (only when parity wrote it: Assets)
 IMAGES_DIR = "images"  # PNGs a suite writes: images/<case>/<variant>.png
 VARIANT_ORDER = ("reference", "serving_eager", "serving_compiled")
 MAX_TABLE_ROWS = 3000  # beyond this a table points at results.csv instead of bloating the page
@@ -164,28 +167,86 @@ def _gate_verdict(rows: pd.DataFrame) -> str:
 
 
 class Assets:
-    """The figure directory of the page: created fresh, paths handed out relative to the run dir."""
+    """The figure directory of the page, `review/` (docs/reports.md §2-§3).
+
+    Figures are drawn into a fresh directory made for this build (`mkdtemp`: nothing planted in
+    advance, a symbolic link included, can be written through) and moved to `review/` when the page
+    is done (`commit`), with `.parity-review` listing the files it holds. An existing `review/` is
+    replaced only when it is parity's: a real directory whose every entry its list names (or, from
+    before the list, only the page's own figures); anything else is refused with one line, before
+    anything is drawn, so a review never takes a file a user put there.
+    """
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.root = run_dir / ASSET_DIR
-        if self.root.exists():
-            shutil.rmtree(self.root)
-        self.root.mkdir(parents=True)
+        check_review_dir(self.root)
+        self.staging = Path(tempfile.mkdtemp(prefix=f".{ASSET_DIR}-", dir=run_dir))
+        os.chmod(self.staging, run_dir.stat().st_mode & 0o777)  # readable as the run directory is (mkdtemp: 0700)
         self._names: set[str] = set()
 
     def path(self, stem: str) -> Path:
-        """A new PNG path under review/ for `stem` (made file-name safe and unique)."""
+        """A new PNG path for `stem` (made file-name safe and unique); in review/ once committed."""
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:120] or "figure"
         name, n = safe, 1
         while name in self._names:
             n += 1
             name = f"{safe}-{n}"
         self._names.add(name)
-        return self.root / f"{name}.png"
+        return self.staging / f"{name}.png"
 
     def relative(self, path: Path) -> str:
-        return path.relative_to(self.run_dir).as_posix()
+        """Where the page links `path`: review/<name>, relative to the run directory."""
+        return f"{ASSET_DIR}/{path.relative_to(self.staging).as_posix()}"
+
+    def commit(self) -> Path:
+        """Move the figures to review/, replacing the previous build's (checked again: it is parity's)."""
+        files = sorted(p.name for p in self.staging.iterdir())
+        atomic_write(self.staging / REVIEW_MARKER, "".join(f"{name}\n" for name in files))
+        if self.root.exists() or self.root.is_symlink():
+            check_review_dir(self.root)
+            old = Path(tempfile.mkdtemp(prefix=f".{ASSET_DIR}-old-", dir=self.run_dir))
+            os.replace(self.root, old / ASSET_DIR)
+            os.replace(self.staging, self.root)
+            shutil.rmtree(old)
+        else:
+            os.replace(self.staging, self.root)
+        return self.root
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+REVIEW_MARKER = ".parity-review"  # in review/: the files the page wrote there, one name a line
+# Figure names the page drew before review/ carried its list (accepted once, then replaced).
+_LEGACY_FIGURE = re.compile(r"(numerics|image-diff)-[A-Za-z0-9_.-]+\.png")
+
+
+def check_review_dir(root: Path) -> None:
+    """Refuse (`UnsafePathError`, one line) a review/ that parity did not write: a symbolic link,
+    a file, or a directory holding anything its `.parity-review` list does not name."""
+    if root.is_symlink():
+        refuse_link(root, f"the page's figure directory {ASSET_DIR}/")
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise UnsafePathError(f"{root}: not a directory; parity review writes the page's figures there: move it away")
+    entries = {p.name: p for p in root.iterdir()}
+    marker = entries.pop(REVIEW_MARKER, None)
+    regular = {name for name, p in entries.items() if p.is_file() and not p.is_symlink()}
+    if marker is None:  # written before the list: only the page's own figures
+        foreign = sorted(name for name in entries if name not in regular or not _LEGACY_FIGURE.fullmatch(name))
+    elif marker.is_symlink() or not marker.is_file():
+        foreign = [REVIEW_MARKER]
+    else:
+        listed = set(marker.read_text(encoding="utf-8", errors="replace").splitlines())
+        foreign = sorted(name for name in entries if name not in regular or name not in listed)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UnsafePathError(
+            f"{root}: holds {shown}, which parity review did not write; it replaces {ASSET_DIR}/ on every review: "
+            "move them elsewhere"
+        )
 
 
 def suites_in(frame: pd.DataFrame) -> list[str]:
@@ -653,6 +714,16 @@ def navigation(views: Sequence[SuiteView], suites: Sequence[str]) -> str:
 def render_page(review: Review) -> str:
     """The page's HTML; figures are written under `run_dir/review/` as a side effect."""
     assets = Assets(review.run_dir)
+    try:
+        text = _render(review, assets)
+        assets.commit()
+    except BaseException:
+        assets.discard()
+        raise
+    return text
+
+
+def _render(review: Review, assets: Assets) -> str:
     status_class = "ok" if review.ok and review.complete else "failed"
     info = review.info
     config = " ".join(
@@ -693,10 +764,8 @@ def render_page(review: Review) -> str:
 
 
 def write_page(review: Review) -> Path:
-    """Write `run_dir/index.html` (and its figures); returns the page's path."""
+    """Write `run_dir/index.html` (and its figures), whole and never through a link (a temporary
+    file created with O_EXCL, renamed over it: docs/reports.md §3); returns the page's path."""
+    refuse_link(review.run_dir, "the run directory")
     text = render_page(review)
-    path = review.run_dir / PAGE_FILE
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write(review.run_dir / PAGE_FILE, text)

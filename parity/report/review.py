@@ -6,6 +6,11 @@ A run that did not complete is said plainly, first: `run.json`'s status other th
 (interrupted with its signal, crashed, still running or dead while running, none recorded), an
 earlier appended session that did not complete, or records of `results.csv` cut short. The review
 still reads and reports every whole row.
+
+Nothing in `results.csv` is taken on trust (`parity.report.audit`, docs/reports.md §1): a file
+that is not one run's parity rows is refused (exit 2), and a row whose recorded verdict its own
+numbers contradict fails the review (exit 1). A run directory or results.csv that is a symbolic
+link is refused (docs/reports.md §3).
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -21,9 +25,11 @@ from typing import Any
 import pandas as pd
 
 from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, SKIP, TIE_FLIP
+from parity.report.audit import Audit, Problem, audit_file, rule_changes, shown_lines
 from parity.report.baseline import (
     BASELINE_DIR,
     DEFAULT_MARGIN,
+    ROW_KEYS,
     Comparison,
     allowance_used,
     compare_rows,
@@ -45,6 +51,7 @@ from parity.report.rows import (
     read_run_info,
     summarize,
 )
+from parity.report.rundir import owner_alive, process_alive, read_owner, refuse_link
 
 # 3: the run did not complete (or its file is torn); `--allow-incomplete` reviews its rows anyway.
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INCOMPLETE = 0, 1, 2, 3
@@ -97,6 +104,18 @@ class Review:
     comparison: Comparison | None = None
     baseline_note: str = ""
     incomplete: list[str] = dataclasses.field(default_factory=list)  # why the run is not whole, one line each
+    audit: Audit | None = None  # what the audit of results.csv found (None: not audited)
+    rule_changes: list[Problem] = dataclasses.field(default_factory=list)  # gate rows whose rule changed against the baseline
+
+    @property
+    def unusable(self) -> list[Problem]:
+        """Why the rows are not one run's parity rows (exit 2); empty when they are."""
+        return self.audit.unusable if self.audit is not None else []
+
+    @property
+    def disagreements(self) -> list[Problem]:
+        """Rows whose recorded verdict their numbers contradict, and gate rows whose rule changed."""
+        return (self.audit.disagreements if self.audit is not None else []) + self.rule_changes
 
     @property
     def complete(self) -> bool:
@@ -112,7 +131,8 @@ class Review:
 
     @property
     def ok(self) -> bool:
-        return self.failing.empty and (self.comparison is None or self.comparison.ok)
+        comparison_ok = self.comparison is None or self.comparison.ok
+        return self.failing.empty and comparison_ok and not self.disagreements and not self.unusable
 
     @property
     def title(self) -> str:
@@ -122,6 +142,10 @@ class Review:
     def status_line(self) -> str:
         failing_cases = int(self.summary[["fail", "error"]].to_numpy().sum()) if not self.summary.empty else 0
         parts = [f"{failing_cases} failing case(s)"]
+        if self.unusable:
+            parts.append(f"{len(self.unusable)} row(s) or key(s) that are not one run's parity rows")
+        if self.disagreements:
+            parts.append(f"{len(self.disagreements)} row(s) the audit contradicts")
         if self.comparison is not None:
             parts.append(f"{len(self.comparison.regressions)} regression(s)")
             parts.append(f"{self.comparison.vanished_gate_rows} vanished gate row(s)")
@@ -143,11 +167,16 @@ def load_review(
     """Read `run_dir` and compare it with `baseline` (a run directory or CSV) or, when none is given
     and `use_default_baseline`, with `baseline_dir/<device kind>-<dtype>.csv` if that exists."""
     run_dir = Path(run_dir)
+    refuse_link(run_dir, "the run directory")
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a run directory (a directory holding {RESULTS_FILE})")
+    refuse_link(run_dir / RESULTS_FILE, RESULTS_FILE)
     frame = load_rows(run_dir)
     info = read_run_info(run_dir)
     review = Review(run_dir=run_dir, frame=frame, info=info, incomplete=completeness(run_dir, info))
+    review.audit = audit_file(run_dir, info)
+    if review.unusable:
+        return review  # not one run's parity rows: nothing below would mean anything
     if baseline is None and use_default_baseline and not frame.empty:
         candidate = default_baseline_path(run_dir, frame, baseline_dir)
         if candidate.exists():
@@ -155,7 +184,7 @@ def load_review(
         else:
             review.baseline_note = f"no baseline for this device kind, dtype and target at {candidate}"
     if baseline is not None:
-        rows = load_rows(baseline)
+        rows = load_rows(baseline, strict=True)
         run_kind = None
         if not frame.empty:
             run_kind = device_kind(run_config(frame, str(run_dir))["device"], str(info.get("device_name", "")))
@@ -164,32 +193,24 @@ def load_review(
         review.comparison = compare_rows(
             rows, frame, margin=margin, name=str(baseline), baseline_kind=source_device_kind(baseline, rows), run_kind=run_kind
         )
+        review.rule_changes = rule_changes(rows, frame, ROW_KEYS, str(baseline))
     return review
 
 
-def _process_alive(pid: Any, host: Any) -> bool | None:
-    """Whether process `pid` of `host` still exists (None: another host, cannot tell)."""
-    if host != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+_process_alive = process_alive  # the run.json check, where no claim file says more
 
 
-def status_problem(info: dict[str, Any], what: str = "the run") -> str | None:
+def status_problem(info: dict[str, Any], what: str = "the run", claim: bool | None = None) -> str | None:
     """One line saying why `info` (a run.json, or one of its earlier sessions) is not a complete
-    run, or None when it is."""
+    run, or None when it is. `claim`: whether the run directory's owner still holds its claim
+    (`parity.report.rundir.owner_alive`; None: no claim file), which outranks the process id."""
     status = info.get("status")
     if status == COMPLETE:
         return None
     if status is None:
         return f"{RUN_INFO_FILE} records no status: whether {what} completed is unknown"
     if status == RUNNING:
-        alive = _process_alive(info.get("pid"), info.get("host"))
+        alive = _process_alive(info.get("pid"), info.get("host")) if claim is None else claim
         where = f"process {info.get('pid')} on {info.get('host')}"
         if alive:
             return f"{what} is still running ({where})"
@@ -209,8 +230,14 @@ def completeness(run_dir: Path, info: dict[str, Any]) -> list[str]:
     if not (run_dir / RUN_INFO_FILE).is_file():
         problems.append(f"no {RUN_INFO_FILE}: whether the run completed is unknown")
     else:
-        problems += filter(None, [status_problem(info)])
+        claim = owner_alive(run_dir) if info.get("status") == RUNNING else None
+        owner = read_owner(run_dir) if claim is False else None
+        if owner is not None and owner.host != socket.gethostname():
+            claim = None  # claimed on another machine (a copied run directory): a lock here says nothing of it
+        problems += filter(None, [status_problem(info, claim=claim)])
         for n, earlier in enumerate(info.get("previous_sessions", []), start=1):
+            if earlier.get("resumed"):  # the next session, started the same way, ran its missing tests (parity.plugin.resume)
+                continue
             problems += filter(None, [status_problem(earlier, f"earlier session {n} of this run (appended to)")])
     problems += check_results(run_dir).problems()
     return problems
@@ -234,6 +261,10 @@ def format_review(review: Review, *, show_all: bool = False, limit: int = 20) ->
         lines.append(f"INCOMPLETE RUN: {problem}")
     if review.incomplete:
         lines += [f"(the review below covers the {len(review.frame)} whole rows of {review.run_dir / RESULTS_FILE})", ""]
+    if review.disagreements:
+        lines.append(f"AUDIT: {len(review.disagreements)} row(s) whose recorded verdict or rule their own numbers contradict:")
+        lines += [f"  {line}" for line in shown_lines(review.disagreements, limit)]
+        lines.append("")
     lines += [format_summary(review.summary), ""]
     summary = review.summary
     summary = failing_suites_first(summary)

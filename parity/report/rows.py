@@ -11,12 +11,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime as _dt
+import errno
 import fcntl
 import io
 import json
 import math
 import os
 import secrets
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,15 +27,17 @@ import numpy as np
 import pandas as pd
 
 from parity.compare import BOUND_KINDS, ERROR, FAIL, FIXED, NOT_APPLICABLE, PASS, SKIP, TIE_FLIP, VERDICTS
+from parity.report.rundir import UnsafePathError, atomic_write, open_directory, refuse_link
 
 RESULTS_FILE = "results.csv"
 RUN_INFO_FILE = "run.json"
 # `run.json`'s `status`: written `running` with the first row, then the end of the session:
 # `complete` (every selected test ran), `interrupted` (a signal, with its name, or pytest stopped
 # early) or `crashed` (an internal error). A run that died without recording its end (SIGKILL, a
-# lost machine) still says `running`, with a process id that no longer exists.
-RUNNING, COMPLETE, INTERRUPTED, CRASHED = "running", "complete", "interrupted", "crashed"
-RUN_STATUSES = (RUNNING, COMPLETE, INTERRUPTED, CRASHED)
+# lost machine) still says `running`, with a process id that no longer exists. `incomplete`: every
+# selected test ran but some rows could not be written (a full disk; `unwritten_rows` says how many).
+RUNNING, COMPLETE, INTERRUPTED, CRASHED, INCOMPLETE = "running", "complete", "interrupted", "crashed", "incomplete"
+RUN_STATUSES = (RUNNING, COMPLETE, INTERRUPTED, CRASHED, INCOMPLETE)
 
 # The columns of README "Reports": the run's context, `site` (where inside the model a number was
 # taken: `layer.3`, `logits`, `block.layers.1`, `step.12`; empty for whole-output checks), the
@@ -96,10 +100,8 @@ def now_text() -> str:
 def write_run_info(run_dir: Path, info: Mapping[str, Any]) -> None:
     """Write `run.json` whole or not at all (a temporary file renamed over it): a crash while it is
     written leaves the previous version, never half a file."""
-    path = Path(run_dir) / RUN_INFO_FILE
-    partial = path.with_name(f".{RUN_INFO_FILE}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(dict(info), indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(partial, path)
+    refuse_link(Path(run_dir), "the run directory")
+    atomic_write(Path(run_dir) / RUN_INFO_FILE, json.dumps(dict(info), indent=2, sort_keys=True, default=str) + "\n")
 
 
 def add_suite_seconds(run_dir: Path, seconds: Mapping[str, float]) -> None:
@@ -139,6 +141,11 @@ class ReportError(ValueError):
     """A row that cannot be written as given (unknown column, bad verdict, bad kind)."""
 
 
+class RowNotWritten(RuntimeError):
+    """A row the disk refused (ENOSPC, EFBIG under a file size limit, EIO): one line naming the file,
+    the row and the error. The writer counts it (`ReportWriter.unwritten`)."""
+
+
 def _cell(value: Any) -> Any:
     if value is None:
         return ""
@@ -173,6 +180,27 @@ class ReportWriter:
         self.context = dict(context)
         self.on_create = on_create
 
+    def _open(self) -> io.TextIOWrapper:
+        """`results.csv` opened for appending, created if missing, never through a symbolic link: the
+        run directory and the file are both opened with `O_NOFOLLOW` (docs/reports.md §3)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            directory = open_directory(self.run_dir)
+        except UnsafePathError as exc:
+            raise ReportError(str(exc)) from None
+        try:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(RESULTS_FILE, flags, 0o666, dir_fd=directory)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ReportError(
+                    f"{self.path}: a symbolic link (to {os.readlink(self.path)}); parity does not write rows through links"
+                ) from None
+            raise
+        finally:
+            os.close(directory)
+        return open(fd, "a", newline="")
+
     def normalise(self, row: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(row) - set(COLUMNS)
         if unknown:
@@ -200,9 +228,26 @@ class ReportWriter:
         full["time"] = full["time"] or now_text()
         return {k: _cell(v) for k, v in full.items()}
 
+    # Rows that could not be written by this writer (a full disk, a file size limit): counted so the
+    # session can record the run as incomplete and exit non-zero (README "Reports").
+    unwritten: int = 0
+    unwritten_tests: frozenset[str] = frozenset()
+    write_error: str = ""
+
     def write(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """Append one row now (flushed before returning); returns the row as written."""
-        return self.write_many([row])[0]
+        """Append one row now (flushed before returning); returns the row as written. A row the
+        disk refused is counted and raised as one `RowNotWritten` line (never a silent loss)."""
+        try:
+            return self.write_many([row])[0]
+        except OSError as exc:
+            self.unwritten += 1
+            test = str(row.get("test") or "")
+            if test:
+                self.unwritten_tests = self.unwritten_tests | {test}
+            why = f"{type(exc).__name__}: {exc}".replace("\n", " | ")
+            self.write_error = self.write_error or why
+            where = f"suite {row.get('suite')!r} case {row.get('case')!r} metric {row.get('metric')!r}"
+            raise RowNotWritten(f"a report row could not be written to {self.path} ({where}): {why}") from None
 
     def write_many(self, rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         full = [self.normalise(row) for row in rows]
@@ -214,8 +259,7 @@ class ReportWriter:
         text = io.StringIO()
         writer = csv.writer(text, lineterminator="\n")
         writer.writerows([_csv_text(row[column]) for column in COLUMNS] for row in full)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", newline="") as handle:
+        with self._open() as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 header = handle.tell() == 0 and os.fstat(handle.fileno()).st_size == 0
@@ -375,7 +419,9 @@ def summarize(frame: pd.DataFrame, seconds: Mapping[str, float] | None = None) -
             scored = gates.assign(badness=[_badness(row) for row in gates.itertuples(index=False)])
             top = scored.sort_values("badness", ascending=False, kind="stable").iloc[0]
             if top["badness"] != -math.inf:
-                bound = "" if pd.isna(top["threshold"]) else f" (bound {top['threshold']:.4g})"
+                # The direction the value is held to: `block_compiles=2 (bound ≥ 1)` reads right, `(bound 1)` does not.
+                relation = {"higher": "≥ ", "lower": "≤ ", "equal": "= "}.get(str(top.get("better", "")), "")
+                bound = "" if pd.isna(top["threshold"]) else f" (bound {relation}{top['threshold']:.4g})"
                 worst = f"{top['metric']}={top['value']:.4g}{bound} [{top['case']}/{top['mode']}]"
         rows.append(
             {
@@ -410,14 +456,34 @@ class MutationScore:
     survivors: list[str]
     per_suite: dict[str, tuple[int, int]]  # suite -> (killed, applicable)
 
-    def line(self) -> str:
+    def line(self, catalogue: int | None = None) -> str:
+        """The score in one line; with the catalogue's size (`catalogue`, else the catalogue this
+        process has loaded), also how many mutants have no row: an interrupted or narrowed run
+        scores only the mutants that ran, and must say so."""
         suites = ", ".join(f"{suite} {k}/{n}" for suite, (k, n) in sorted(self.per_suite.items()))
         text = f"mutation score: {self.killed}/{self.applicable} applicable mutants killed on this lane ({suites})"
         if self.not_applicable:
             text += f"; not applicable here: {', '.join(self.not_applicable)}"
         if self.survivors:
             text += f"; SURVIVED: {', '.join(self.survivors)}"
+        size = catalogue if catalogue is not None else _loaded_catalogue_size()
+        ran = self.applicable + len(self.not_applicable)
+        if size is not None and ran < size:
+            text += f"; {size - ran} of the catalogue's {size} mutants DID NOT RUN (an interrupted or narrowed run: the score covers {ran})"
         return text
+
+
+def _loaded_catalogue_size() -> int | None:
+    """The size of the mutant catalogue when this process has loaded it (`parity run` has: its
+    pytest collected the sensitivity suite), else None. Looked up, never imported: the report layer
+    does not import the suites (tests/test_layering.py)."""
+    catalogue = sys.modules.get("parity.suites.sensitivity.catalogue")
+    if catalogue is None:
+        return None
+    try:
+        return len(catalogue.all_mutants())
+    except Exception:  # a catalogue that cannot load here says nothing about the run's rows
+        return None
 
 
 def mutation_score(frame: pd.DataFrame) -> MutationScore | None:
