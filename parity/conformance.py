@@ -10,17 +10,29 @@ skipped with the reason. The result says which suites will run or skip and why.
 
 `parity check-target SPEC` prints it; `parity run` runs it first (in a fresh process: calling a
 target factory may patch modules, as the mutant catalogue's do) and stops with one line when a
-member is missing or returns the wrong thing.
+member is missing or returns the wrong thing. Both run the check in a child process
+(`start_check`) under a time limit, so a target that calls `sys.exit` or `os._exit`, hangs, or
+leaves non-daemon threads running (a process that runs the suites could never exit) is named in
+one line with the step it was at, instead of ending or stalling the command (docs/targets.md §1, §8).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NoReturn
 
-from parity.target import ENGINE_POLICIES, CaptureRegistry, missing_members
+from parity.target import ENGINE_POLICIES, CaptureRegistry, TargetError, exit_text, missing_members, resolve_target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +50,11 @@ FAMILIES: dict[str, Family] = {
         "AR",
         ("load_ar", "build_ar"),
         "parity.suites.ar.conformance:probe",
-        ("expert_selection", "fail_closed_capture", "embedding_clamp", "numerics", "decode", "weight_coverage"),
+        ("expert_selection", "fail_closed_capture", "embedding_clamp", "numerics", "decode", "weight_coverage", "recompiles"),
     ),
-    "dit": Family("DiT", ("load_dit", "build_dit"), "parity.suites.dit.conformance:probe", ("recompiles", "numerics", "image")),
+    "dit": Family(
+        "DiT", ("load_dit", "build_dit"), "parity.suites.dit.conformance:probe", ("recompiles", "numerics", "image", "sampler")
+    ),
     "routing": Family("routing", ("router",), "parity.suites.routing.conformance:probe", ("routing",)),
 }
 # Suites that need no model family of the target.
@@ -49,6 +63,13 @@ OTHER_SUITES = {
     "sensitivity": lambda spec: "" if spec == "serving" else "the mutant catalogue mutates the built-in serving target",
     "benchmark": lambda spec: "only with --benchmarks",
 }
+# Every report suite a test under parity/suites/ declares (`pytest.mark.suite`): what `--suite` may name.
+KNOWN_SUITES = tuple(dict.fromkeys([s for f in FAMILIES.values() for s in f.suites] + list(OTHER_SUITES)))
+
+
+def unknown_suites(suites: Iterable[str]) -> list[str]:
+    """The names in `suites` that are no report suite (a typo would otherwise probe nothing and pass)."""
+    return [suite for suite in dict.fromkeys(suites) if suite not in KNOWN_SUITES]
 
 
 class ConformanceError(RuntimeError):
@@ -175,10 +196,15 @@ def check_target(target: Any, spec: str, *, device: str = "cpu", suites: Iterabl
         if absent:
             result.problems.append(f"target {spec} has {', '.join(present)} but lacks {family.name} member: {', '.join(absent)}")
         else:
+            announce(f"the {family.name} probe")
             try:
                 result.checks = _probe(family.probe)(target, device)
             except ConformanceError as exc:
                 result.problems += str(exc).splitlines()
+            except SystemExit as exc:  # target code the probe called ended the process: named, not obeyed
+                result.problems.append(
+                    f"{family.name} probe of {spec}: the target called {exit_text(exc)}: a target must not end the process"
+                )
             except Exception as exc:  # the target raised while being probed: that is its problem, in one line
                 text = f"{type(exc).__name__}: {exc}".replace("\n", " | ")[:500]
                 result.problems.append(f"{family.name} probe of {spec} raised {text}")
@@ -216,13 +242,27 @@ class Checks:
         return ok
 
     def attempt(self, call: str, fn: Callable[[], Any]) -> Any:
-        """Call `fn`; a raise is a problem naming `call` (and the call's result is None)."""
+        """Call `fn`; a raise (or `sys.exit`) is a problem naming `call` (and the call's result is None)."""
+        announce(f"{self.what}: {call}")
         try:
             return fn()
+        except SystemExit as exc:
+            self.problems.append(f"{self.what}: {call} called {exit_text(exc)}: a target must not end the process")
+            return None
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}".replace("\n", " | ")[:300]
             self.problems.append(f"{self.what}: {call} raised {text}")
             return None
+
+    def obtain(self, call: str, fn: Callable[[], Any], expected: str) -> Any:
+        """`attempt` for a call whose result the suites use as an object (an adapter, an expert set):
+        None is a problem naming `call` and `expected`, never a silent pass (a `router()` that
+        returns None would fail every routing test, docs/targets.md §7)."""
+        problems = len(self.problems)
+        value = self.attempt(call, fn)
+        if value is None and len(self.problems) == problems:
+            self.problems.append(f"{self.what}: {call} returned None (expected {expected})")
+        return value
 
     def done(self) -> list[str]:
         if self.problems:
@@ -233,3 +273,252 @@ class Checks:
 def shape_text(value: Any) -> str:
     shape = getattr(value, "shape", None)
     return f"{type(value).__name__} {list(shape)}" if shape is not None else type(value).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# The check in a process of its own, under a time limit (docs/targets.md §8)
+# ---------------------------------------------------------------------------------------------
+
+TIMEOUT_ENV = "PARITY_CHECK_TARGET_TIMEOUT"
+DEFAULT_TIMEOUT_S = 180.0  # the serving target's check takes seconds; a CUDA start-up a few more
+THREAD_GRACE_S = 2.0  # how long threads the target started may take to end by themselves
+CONFORMS, DOES_NOT_CONFORM, UNRESOLVED = 0, 1, 3  # `parity check-target`'s exit codes (2: usage)
+_CHILD_CODE = "import sys; from parity.conformance import child_main; child_main(sys.argv[1])"
+
+_step_listener: Callable[[str], None] | None = None  # set in the check's child: tells the parent each step
+
+
+def announce(what: str) -> None:
+    """Tell the parent the step the check is about to take (a no-op outside the check's child), so
+    a target that hangs or ends the process is named with the call it was in."""
+    if _step_listener is not None:
+        _step_listener(what)
+
+
+def check_timeout(given: float | None = None) -> float:
+    """Seconds the check may take: `given`, else $PARITY_CHECK_TARGET_TIMEOUT, else 180."""
+    if given is None:
+        text = os.environ.get(TIMEOUT_ENV, "").strip()
+        if not text:
+            return DEFAULT_TIMEOUT_S
+        try:
+            given = float(text)
+        except ValueError:
+            raise ValueError(f"{TIMEOUT_ENV}={text!r}: expected a number of seconds") from None
+    if not given > 0 or given == float("inf"):
+        raise ValueError(f"check-target time-out {given!r}: expected a finite number of seconds > 0")
+    return float(given)
+
+
+@dataclasses.dataclass
+class CheckOutcome:
+    """What a check in a child process found: `code` 0 (conforms), 1 (does not: a problem, an exit,
+    a hang, threads left running) or 3 (the spec does not resolve); `lines` one line per problem
+    (or the resolution error); `text` the report `parity check-target` prints, when it finished."""
+
+    code: int
+    lines: list[str]
+    text: str = ""
+
+
+def threads_left(before: set[threading.Thread], grace: float = THREAD_GRACE_S) -> list[threading.Thread]:
+    """Non-daemon threads started since `before` that are still running after `grace` seconds: the
+    interpreter waits for them at exit, so a run with one never ends."""
+    deadline = time.monotonic() + grace
+    left = [t for t in threading.enumerate() if t not in before and not t.daemon and t.is_alive()]
+    for thread in left:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in left if t.is_alive()]
+
+
+def check_here(spec: str, device: str, suites: Iterable[str]) -> CheckOutcome:
+    """Resolve and check `spec` in this process (the child's work), threads left running included."""
+    before = set(threading.enumerate())
+    try:
+        target = resolve_target(spec, on_step=announce)
+    except TargetError as exc:
+        return CheckOutcome(UNRESOLVED, [str(exc)])
+    result = check_target(target, spec, device=device, suites=suites)
+    announce("waiting for the threads the target started")
+    left = threads_left(before)
+    if left:
+        names = ", ".join(repr(t.name) for t in left[:4]) + (", ..." if len(left) > 4 else "")
+        result.problems.append(
+            f"target {spec} left {len(left)} non-daemon thread(s) running after its check ({names}): a process that runs "
+            "the suites could never exit; start them with daemon=True or stop them (docs/targets.md §1)"
+        )
+    return CheckOutcome(CONFORMS if result.ok else DOES_NOT_CONFORM, result.all_problems(), result.text())
+
+
+def _send(fd: int, message: dict[str, Any]) -> None:
+    data = (json.dumps(message) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A daemon thread that ends the child when its parent is gone (killed outright: nobody would
+    stop a target that hangs)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parity-check-parent-watch", daemon=True).start()
+
+
+def child_main(payload: str, *, forked: bool = False) -> NoReturn:
+    """The check's child process: run `check_here`, send each step and the outcome to the parent
+    through the pipe named in `payload`, and end without waiting for the target's threads."""
+    global _step_listener
+    options = json.loads(payload)
+    fd = int(options["fd"])
+    sys.path[:] = options["path"]  # the target resolves as it would in the parent (a fresh interpreter's path differs)
+    try:
+        _exit_with_parent(int(options["parent"]))
+        if forked and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)  # a thread pool the parent started does not survive a fork
+        _step_listener = lambda what: _send(fd, {"step": what})
+        outcome = check_here(options["spec"], options["device"], options["suites"])
+        _send(fd, {"result": dataclasses.asdict(outcome)})
+    except BaseException as exc:  # the check itself broke (or target code escaped it): one line, not silence
+        text = f"{type(exc).__name__}: {exc}".replace("\n", " | ")[:500]
+        with contextlib.suppress(OSError):
+            _send(fd, {"result": {"code": DOES_NOT_CONFORM, "lines": [f"the check of {options['spec']} raised {text}"]}})
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(0)
+
+
+def _can_fork() -> bool:
+    """A fork shares this process's imports (no second torch import); only from one thread and
+    before CUDA starts (neither survives a fork)."""
+    if not hasattr(os, "fork") or threading.active_count() != 1:
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_initialized()
+
+
+class CheckProcess:
+    """`check_here` running in a child process (a session of its own: its group is killed when the
+    check ends, with whatever the target started); `wait` returns its outcome within a time limit."""
+
+    def __init__(self, spec: str, pid: int, fd: int, popen: subprocess.Popen[bytes] | None = None) -> None:
+        self.spec = spec
+        self.pid = pid
+        self.fd = fd
+        self.popen = popen
+        self.status: int | None = None  # the child's wait status once reaped
+
+    def wait(self, timeout: float) -> CheckOutcome:
+        deadline = time.monotonic() + timeout
+        step, buffer, result = "starting", b"", None
+        try:
+            while result is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return CheckOutcome(
+                        DOES_NOT_CONFORM,
+                        [
+                            f"target {self.spec} did not finish its check within {timeout:g} s: it hung in {step} (docs/targets.md §1)"
+                        ],
+                    )
+                ready, _, _ = select.select([self.fd], [], [], min(left, 0.5))
+                if not ready:
+                    self._reap(block=False)
+                    if self.status is not None and not select.select([self.fd], [], [], 0)[0]:
+                        break  # ended, and what it sent is read (a process it started may hold the pipe open)
+                    continue
+                chunk = os.read(self.fd, 1 << 16)
+                if not chunk:
+                    break  # the child is gone (or closed our pipe) without an outcome
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    with contextlib.suppress(ValueError, AttributeError):  # only the check writes here
+                        message = json.loads(line)
+                        step = message.get("step", step)
+                        result = message.get("result", result)
+            if result is not None:
+                return CheckOutcome(int(result["code"]), list(result["lines"]), str(result.get("text", "")))
+            how = self._ended(deadline)
+            return CheckOutcome(
+                DOES_NOT_CONFORM,
+                [
+                    f"target {self.spec} ended the check's process ({how}) in {step}: a target must not end the "
+                    "process (sys.exit or os._exit in its code, or a crash; docs/targets.md §1)"
+                ],
+            )
+        finally:
+            self.stop()
+
+    def _ended(self, deadline: float) -> str:
+        """How the child ended (waited for until `deadline` at most)."""
+        while self.status is None and time.monotonic() < deadline:
+            self._reap(block=False)
+            time.sleep(0.05)
+        if self.status is None:
+            return "its pipe closed"
+        if os.WIFSIGNALED(self.status):
+            return f"killed by {signal.Signals(os.WTERMSIG(self.status)).name}"
+        return f"exit code {os.waitstatus_to_exitcode(self.status)}"
+
+    def _reap(self, *, block: bool) -> None:
+        if self.status is not None:
+            return
+        with contextlib.suppress(ChildProcessError):
+            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+            if pid == self.pid:
+                self.status = status
+                if self.popen is not None:
+                    self.popen.returncode = os.waitstatus_to_exitcode(status)
+
+    def stop(self) -> None:
+        """End the child's process group (the target's own children with it) and reap the child."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self._reap(block=True)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        self.fd = -1
+
+
+def start_check(
+    spec: str, device: str = "cpu", suites: Iterable[str] = (), *, fresh: bool = False, quiet: bool = False
+) -> CheckProcess:
+    """Start checking `spec` in a child process: forked from this one where that is safe
+    (`_can_fork`), else (or with `fresh`: `parity run`, whose target factory must not patch modules
+    in its own process before pytest imports them) a fresh interpreter. `quiet`: the target's own
+    output is dropped."""
+    read_fd, write_fd = os.pipe()
+    payload = {"spec": spec, "device": device, "suites": list(suites), "fd": write_fd, "parent": os.getpid(), "path": sys.path}
+    if fresh or not _can_fork():
+        sink = subprocess.DEVNULL if quiet else None
+        popen = subprocess.Popen(
+            [sys.executable, "-c", _CHILD_CODE, json.dumps(payload)],
+            pass_fds=(write_fd,),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
+        )
+        os.close(write_fd)
+        return CheckProcess(spec, popen.pid, read_fd, popen)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # or the child would write this process's buffered output a second time
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; its outcome travels through the pipe
+        try:
+            os.close(read_fd)
+            os.setsid()
+            if quiet:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, 1)
+                os.dup2(null, 2)
+        finally:
+            child_main(json.dumps(payload), forked=True)
+    os.close(write_fd)
+    return CheckProcess(spec, pid, read_fd)

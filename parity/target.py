@@ -40,26 +40,42 @@ def factory_path(spec: str, option: str = "--target") -> str:
     return spec
 
 
-def resolve_target(spec: str, option: str = "--target") -> Any:
+def exit_text(exc: SystemExit) -> str:
+    """`sys.exit(code)` as a user would have written it, for a line saying who called it."""
+    return f"sys.exit({exc.code!r})" if exc.code is not None else "sys.exit()"
+
+
+def resolve_target(spec: str, option: str = "--target", *, on_step: Callable[[str], None] | None = None) -> Any:
     """Import and call the target factory named by `spec` and check what it returned: the object
     is the target. Every failure (no such module, an exception while importing it or in the
-    factory, no callable, no `name`) is one `TargetError` line naming the option and the spec.
-    Called once per session, up front, by the plugin; note that it runs the named module's code."""
+    factory, `sys.exit` there, no callable, no `name`) is one `TargetError` line naming the option
+    and the spec. Called once per session, up front, by the plugin; note that it runs the named
+    module's code. `on_step(what)` is told each step before it starts (`parity check-target`
+    names the step a target hung in)."""
     path = factory_path(spec, option)
     module_name, _, attr = path.partition(":")
     where = f"{option} {spec!r}"
+    step = on_step or (lambda what: None)
+    step(f"importing module {module_name}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise TargetError(f"{where}: cannot import module {module_name!r} ({_one_line(exc)})") from None
+    except SystemExit as exc:  # a module that ends the process would end the run with no word (docs/targets.md §1)
+        raise TargetError(
+            f"{where}: importing module {module_name!r} called {exit_text(exc)}: a target must not end the process"
+        ) from None
     except Exception as exc:  # the module's own code raised while importing
         raise TargetError(f"{where}: importing module {module_name!r} raised {_one_line(exc)}") from None
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
         found = "nothing" if factory is None else type(factory).__name__
         raise TargetError(f"{where}: module {module_name!r} has no callable {attr!r} (found {found})")
+    step(f"calling the factory {path}")
     try:
         target = factory()
+    except SystemExit as exc:
+        raise TargetError(f"{where}: the factory {path} called {exit_text(exc)}: a target must not end the process") from None
     except Exception as exc:
         raise TargetError(f"{where}: the factory {path} raised {_one_line(exc)}") from None
     if not isinstance(getattr(target, "name", None), str) or not target.name:
@@ -177,8 +193,9 @@ class DiTAdapter(Protocol):
 
 
 class RouterAdapter(Protocol):
-    """The MoE top-k router: `select_experts` returns `(weights fp32 [T, k+S], ids int32 [T, k+S])`;
-    rows at or past the device-side `num_valid_rows` are -1 / 0."""
+    """The MoE top-k router: `select_experts` returns the pair `(weights fp32 [T, k+S], ids int32
+    [T, k+S])`, a plain tuple or a NamedTuple with exactly those fields in that order
+    (`router_result_problem`); rows at or past the device-side `num_valid_rows` are -1 / 0."""
 
     name: str
 
@@ -187,6 +204,27 @@ class RouterAdapter(Protocol):
     def apply_experts(self, x: Any, result: Any, experts: Any) -> Any: ...
     def remap(self, ids: Any, replica_table: Any, row_choice: Any) -> Any: ...
     def expert_load(self, ids: Any, num_valid_rows: Any, num_physical: int) -> Any: ...
+
+
+ROUTER_RESULT_FIELDS = ("weights", "ids")
+
+
+def router_result_problem(result: Any) -> str | None:
+    """What `result` is when it is not the form docs/targets.md §7 allows for `select_experts` (None
+    when it is): the pair `(weights, ids)` in that order, either a plain tuple (as vLLM's
+    `select_experts` returns it) or a NamedTuple whose fields are exactly `weights, ids`. The order is what consumers read (fused
+    MoE unpacks by position; ROCm/ATOM's swapped pair, docs/routing.md §1): a named result whose
+    names disagree with its positions is refused, and the dtypes (fp32 weights, int32 ids) are
+    checked beside this, which catches a swapped plain pair. The conformance probe and the routing
+    suite's contract row both ask this function, so the two cannot disagree."""
+    if not isinstance(result, tuple):
+        return f"not a pair (weights, ids) but {type(result).__name__} (return a tuple or a NamedTuple)"
+    fields = getattr(result, "_fields", None)
+    if fields is not None and tuple(fields) != ROUTER_RESULT_FIELDS:
+        return f"a NamedTuple with fields {tuple(fields)}: its fields must be (weights, ids), in that order"
+    if len(result) != 2:
+        return f"a tuple of {len(result)}, not the pair (weights, ids)"
+    return None
 
 
 # Checks of the AR suites that hold an engine to one way of doing something right (a design

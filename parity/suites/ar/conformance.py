@@ -48,6 +48,14 @@ def _check_site(checks: Checks, adapter: Any, site: Any, ids: torch.Tensor) -> N
     if form is not None:
         kind = "plain" if form[3] else "fused-residual (out, residual)"
         checks.checked.append(f"moe site {site.layer}: {kind} taps, x {list(form[0].shape)}")
+        x = form[0]
+        for expert in ("und", "gen"):  # the harness recomputes both experts on the tapped input (docs/targets.md §4)
+            out = checks.attempt(f"moe site {site.layer}.{expert}(x)", lambda e=expert: getattr(site, e)(x))
+            checks.expect(
+                isinstance(out, torch.Tensor) and out.shape == x.shape,
+                f"moe site {site.layer}.{expert}(x {list(x.shape)}) must return a tensor shaped like x, got {shape_text(out)}",
+                f"moe site {site.layer}.{expert}(x) -> {list(x.shape)}",
+            )
 
 
 def probe(target: Any, device: str) -> list[str]:
@@ -57,17 +65,28 @@ def probe(target: Any, device: str) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="parity-conformance-") as directory:
         make_checkpoint("ar", "tiny", 0, directory)
         names = set(load_state_dict(directory))
-        adapter = checks.attempt(
-            "target.load_ar(tiny checkpoint, device, float32)", lambda: target.load_ar(directory, device, torch.float32)
+        adapter = checks.obtain(
+            "target.load_ar(tiny checkpoint, device, float32)",
+            lambda: target.load_ar(directory, device, torch.float32),
+            "an AR adapter, docs/targets.md §3",
         )
     state = random_state_dict(config, 0, device, torch.float32)
-    built = checks.attempt(
-        "target.build_ar(config, state_dict, device, float32)", lambda: target.build_ar(config, state, device, torch.float32)
+    built = checks.obtain(
+        "target.build_ar(config, state_dict, device, float32)",
+        lambda: target.build_ar(config, state, device, torch.float32),
+        "an AR adapter, docs/targets.md §3",
     )
     if adapter is None or built is None or not checks.require(adapter, ARAdapter, "AR adapter"):
         return checks.done()
+    if not checks.require(built, ARAdapter, "AR adapter of build_ar"):
+        return checks.done()
     checks.what = f"AR adapter {type(adapter).__name__}"
     checks.expect(isinstance(adapter.name, str) and adapter.name != "", f"name must be a non-empty str, got {adapter.name!r}")
+    checks.expect(
+        isinstance(adapter.module, torch.nn.Module),
+        f"module must be the nn.Module holding every parameter (weight_coverage records reads on it), got {type(adapter.module).__name__}",
+        "module is an nn.Module",
+    )
     if (
         checks.expect(
             isinstance(adapter.supports_capture, bool), f"supports_capture must be a bool, got {adapter.supports_capture!r}"
@@ -94,6 +113,7 @@ def probe(target: Any, device: str) -> list[str]:
     for call, fn in (
         ("forward(ids)", lambda: adapter.forward(ids)),
         ("forward_multimodal(embeds, ids)", lambda: adapter.forward_multimodal(embeds, ids)),
+        ("forward(ids) of the adapter build_ar returned", lambda: built.forward(ids)),
     ):
         out = checks.attempt(call, fn)
         if out is None:
@@ -123,8 +143,10 @@ def probe(target: Any, device: str) -> list[str]:
         _check_site(checks, adapter, sites[0], ids)
     modules = checks.attempt("embedding_modules()", adapter.embedding_modules)
     checks.expect(
-        isinstance(modules, (tuple, list)) and len(modules) == 2 and hasattr(modules[0], "num_embeddings"),
-        f"embedding_modules() must return (base table, gen table) modules with num_embeddings, got {modules!r}"[:300],
+        isinstance(modules, (tuple, list))
+        and len(modules) == 2
+        and all(isinstance(m, torch.nn.Module) and hasattr(m, "num_embeddings") for m in modules),
+        f"embedding_modules() must return (base table, gen table) nn.Modules with num_embeddings, got {modules!r}"[:300],
         "embedding_modules() -> (base, gen)",
     )
     name_map = checks.attempt("weight_name_map()", adapter.weight_name_map) or {}
