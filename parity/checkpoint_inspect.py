@@ -5,8 +5,11 @@ string so the core imports no model): the recognised config (each field with the
 from, or the upstream default it fell back to), the keys the family keeps but ignores (with why),
 and per implementation (the reference and the target) the tensor mapping: matched (read by the
 implementation and present), unused (the family's tensors present but never read), missing (read
-but absent). A tensor no family claims and a top-level key no family reads are listed too. The
-result is not ok when a config contradicts itself or an implementation cannot load the directory.
+but absent). A tensor no family claims and a top-level key no family reads are listed too. Every
+tensor is read once for values no model should run: a float8 tensor (quantised: its scales are
+other tensors, the loaders refuse it) and any NaN or ±inf (an all-NaN tensor loads and makes every
+output NaN). The result is not ok when a config contradicts itself, a tensor is flagged, or an
+implementation cannot load the directory.
 """
 
 from __future__ import annotations
@@ -60,6 +63,36 @@ def _mapping(label: str, adapter: Any, family_names: set[str], present: set[str]
     return lines
 
 
+def tensor_problems(hf: Any, directory: Path) -> list[str]:
+    """One line per tensor whose values no model should run: float8 (a quantised format whose
+    scales live in other tensors) or holding NaN / ±inf. Reads each file once, one tensor at a time."""
+    import torch
+
+    weight_map, files, _ = hf.weight_files(directory)
+    problems = []
+    for filename in files:
+        for name, tensor in hf.read_safetensors(directory / filename):
+            if (weight_map and weight_map.get(name) != filename) or not tensor.is_floating_point():
+                continue  # the loaders name those themselves (index disagreements, integer weights)
+            if tensor.element_size() < 2:
+                problems.append(
+                    f"tensor {name}: dtype {tensor.dtype}: quantised float8, its scales are other tensors (the loaders refuse it)"
+                )
+                continue
+            bad = tensor.numel() - int(torch.isfinite(tensor).sum())
+            if bad:
+                nans = int(torch.isnan(tensor).sum())
+                what = (
+                    f"all {tensor.numel()} values are NaN"
+                    if nans == tensor.numel()
+                    else f"{bad} of {tensor.numel()} values are NaN or ±inf"
+                )
+                problems.append(
+                    f"tensor {name}: {what} (a broken conversion or an uninitialised buffer: every output would be NaN)"
+                )
+    return problems
+
+
 def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", device: str = "cpu") -> Inspection:
     import torch
 
@@ -74,6 +107,13 @@ def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", devi
     _, _, source = hf.weight_files(directory)
     layout = "release" if release.is_release_config(data) else "parity"
     lines = [f"checkpoint {directory}: {layout} layout; {len(names)} tensors in {source}"]
+    flagged = tensor_problems(hf, directory)
+    if flagged:
+        ok = False
+        lines.append(f"tensors no model should run ({len(flagged)}):")
+        lines += [f"  {problem}" for problem in flagged[:LIST_LIMIT]]
+        if len(flagged) > LIST_LIMIT:
+            lines.append(f"  ... ({len(flagged) - LIST_LIMIT} more)")
     claimed: set[str] = set()
     read_keys: set[str] = set()
     try:
@@ -128,6 +168,9 @@ def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", devi
                 lines.append(f"    {label}: cannot load: {text[:600]}")
                 continue
             lines += _mapping(label, adapter, used, set(names))
+            decoder = getattr(adapter, "decoder", None)
+            if decoder is not None:
+                lines.append(f"      decodes with {type(decoder).__name__}")
     unclaimed = sorted(set(names) - claimed)
     if unclaimed:
         lines.append(f"tensors no family claims ({len(unclaimed)}): {_groups(unclaimed)}")

@@ -16,6 +16,9 @@ copies of one seed are roundings of the same fp32 draw.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -104,21 +107,50 @@ MAKERS["ar"] = make_ar_checkpoint
 MAKERS["dit"] = make_dit_checkpoint
 
 
+WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json")
+
+
+def weight_files_in(directory: str | Path) -> list[str]:
+    """The names of the weight files (`*.safetensors`, `*.safetensors.index.json`) directly in `directory`."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted({p.name for pattern in WEIGHT_FILE_PATTERNS for p in directory.glob(pattern) if p.is_file()})
+
+
 def make_checkpoint(kind: str, size: str, seed: int, out_dir: str | Path, *, layout: str = "parity", **options) -> Path:
     """Write a random checkpoint of model family `kind` ("ar" or "dit") and `size` to `out_dir`.
 
     `layout` "parity": parity's own directory (flat config.json, upstream names); "release": the
     released model's layout (`reference_models.release`: nested config.json, prefixed names) with
     the same weights. `options` go to the maker (e.g. `max_shard_bytes` for a sharded directory).
-    """
-    if layout == "release":
-        from reference_models.release import write_release_checkpoint
 
-        return write_release_checkpoint((kind,), size, seed, out_dir, **options)
-    if layout != "parity":
+    The checkpoint is written next to `out_dir` first and then moved in, replacing the weight
+    files of an earlier checkpoint there: an old shard or index left beside new files would be read
+    by the loaders (an index wins over `model.safetensors`, docs/checkpoints.md §1), so remaking a
+    directory with another shard size must leave exactly the new files.
+    """
+    if layout not in ("parity", "release"):
         raise ValueError(f"unknown checkpoint layout {layout!r}; expected parity or release")
+    if layout == "parity" and kind not in MAKERS:
+        raise ValueError(f"unknown checkpoint kind {kind!r}; registered makers: {sorted(MAKERS)}")
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.writing-", dir=out_dir.parent))
     try:
-        maker = MAKERS[kind]
-    except KeyError:
-        raise ValueError(f"unknown checkpoint kind {kind!r}; registered makers: {sorted(MAKERS)}") from None
-    return maker(size, seed, out_dir, **options)
+        if layout == "release":
+            from reference_models.release import write_release_checkpoint
+
+            write_release_checkpoint((kind,), size, seed, staging, **options)
+        else:
+            MAKERS[kind](size, seed, staging, **options)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written = {p.name for p in staging.iterdir()}
+        for stale in weight_files_in(out_dir):
+            if stale not in written:
+                (out_dir / stale).unlink()
+        for path in sorted(staging.iterdir()):
+            os.replace(path, out_dir / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from reference_models.ar.config import MammothModa2ARConfig, ar_config
+from reference_models.ar.config import value_problem as ar_value_problem
 from reference_models.common import hf_checkpoint
 
 RELEASE_MODEL_TYPE = "mammothmoda2"
@@ -176,6 +177,21 @@ def _mrope_sections(rope_scaling: Any, head_dim: int, where: str) -> None:
         )
 
 
+def _check_text_values(values: Mapping[str, Any], where_of: Mapping[str, str], source: str) -> None:
+    """The release's text settings with the checks the flat layout applies (types, then values a
+    model cannot run: zero sizes, a negative or NaN eps), one line naming the key path."""
+    for key, value in values.items():
+        if key not in where_of:
+            continue  # upstream's default
+        try:
+            hf_checkpoint.check_field_types(MammothModa2ARConfig, {key: value}, source, prefix=f"{where_of[key]}.")
+        except ValueError as exc:
+            raise ReleaseConfigError(str(exc)) from None
+        problem = ar_value_problem(key, value)
+        if problem:
+            raise ReleaseConfigError(f"{source}: key '{where_of[key]}.{key}': {problem}, found {type(value).__name__} {value!r}")
+
+
 def parse_ar(data: Mapping[str, Any], source: str = CONFIG_FILE) -> ParsedConfig:
     """The AR config of a release config.json (or of parity's flat one, read as before)."""
     if not is_release_config(data):
@@ -189,6 +205,8 @@ def parse_ar(data: Mapping[str, Any], source: str = CONFIG_FILE) -> ParsedConfig
     if llm_type not in TEXT_DEFAULTS:
         raise ReleaseConfigError(f"{source}: llm_config.model_type {llm_type!r} is not one of {', '.join(TEXT_DEFAULTS)}")
     text = llm.get("text_config") or {}
+    if not isinstance(text, Mapping):
+        raise ReleaseConfigError(f"{source}: key 'llm_config.text_config': expected a JSON object, found {type(text).__name__}")
     # Before text_config existed (and for keys it lacks), the text settings sit on llm_config itself.
     where_of = dict.fromkeys(text, "llm_config.text_config")
     merged = dict(text)
@@ -212,6 +230,7 @@ def parse_ar(data: Mapping[str, Any], source: str = CONFIG_FILE) -> ParsedConfig
             values[key], recognised[key] = merged[key], (merged[key], f"{where_of[key]}.{key}")
         else:
             values[key], recognised[key] = default, (default, f"default ({llm_type})")
+    _check_text_values(values, where_of, source)  # before any arithmetic on them
     if values["gen_vocab_start_index"] is None:
         derived = values["vocab_size"] if values["extra_gen_vocab"] else values["vocab_size"] - values["gen_vocab_size"]
         values["gen_vocab_start_index"] = derived
@@ -403,9 +422,7 @@ def parse_dit(data: Mapping[str, Any], source: str = CONFIG_FILE) -> ParsedConfi
     for field in dataclasses.fields(config):
         if field.name in ("decoder", "name"):
             continue
-        if field.name == "axes_lens":
-            where = "gen_axes_lens" if "gen_axes_lens" in data else "default (the release sampler's 10000 per axis)"
-        elif field.name == "text_feat_dim" and dit_release._llm_width(data) is not None:
+        if field.name == "text_feat_dim" and dit_release._llm_width(data) is not None:
             where = "llm_config text width (the caption embedder is re-created for it)"
         elif field.name == "rope_theta":
             where = "hard-coded upstream"
@@ -440,6 +457,8 @@ def _dit_rules() -> tuple[TensorRule, ...]:
         *unused,  # the more specific prefixes first: they sit under gen_transformer.
         TensorRule(dit_release.TRANSFORMER_PREFIX, ""),
         TensorRule(dit_release.DECODER_PREFIX, dit_release.DECODER_PREFIX, ""),
+        # The release's VAE decodes (docs/model.md §10), unless parity's stand-in is present.
+        TensorRule(dit_release.VAE_PREFIX, dit_release.VAE_PREFIX, ""),
     )
 
 

@@ -70,6 +70,35 @@ def moe_enable(moe_type: str, layer_type: str, layer_idx: int) -> bool:
     return parse_moe_type(moe_type).enables(layer_type, layer_idx)
 
 
+# Values no model can run (the types are `hf_checkpoint.check_field_types`' business): a size of
+# zero, a negative, zero or NaN eps or theta. `value_problem` is applied to the flat config and to
+# the release's (`reference_models.release.parse_ar`) alike, and again when the config is built.
+POSITIVE_INTS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+)
+POSITIVE_FLOATS = ("rms_norm_eps", "rope_theta")
+
+
+def value_problem(name: str, value: Any) -> str | None:
+    """What is wrong with `value` for AR config field `name` (None: nothing the models cannot run)."""
+    if name in POSITIVE_INTS:
+        return None if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else "expected a positive int"
+    if name in POSITIVE_FLOATS:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        return None if ok else "expected a positive, finite float"
+    if name == "gen_vocab_size":
+        return None if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else "expected a positive int"
+    if name == "gen_vocab_start_index":
+        ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
+        return None if ok else "expected an int or null"
+    return None
+
+
 @dataclass(frozen=True)
 class MammothModa2ARConfig:
     """The AR backbone's text config (upstream field names, Qwen2.5 style)."""
@@ -93,6 +122,10 @@ class MammothModa2ARConfig:
     model_type: str = "mammothmoda2_qwen2_5_vl"
 
     def __post_init__(self) -> None:
+        for name, value in dataclasses.asdict(self).items():
+            problem = value_problem(name, value)
+            if problem:
+                raise ValueError(f"{name}: {problem}, found {type(value).__name__} {value!r}")
         if self.gen_vocab_start_index is None:
             derived = self.vocab_size if self.extra_gen_vocab else self.vocab_size - self.gen_vocab_size
             object.__setattr__(self, "gen_vocab_start_index", derived)
@@ -155,6 +188,10 @@ class MammothModa2ARConfig:
         if missing:
             raise ValueError(f"{source}: missing AR config keys {missing}")
         hf_checkpoint.check_field_types(cls, data, source)
+        for name in fields & set(data):
+            problem = value_problem(name, data[name])
+            if problem:
+                raise ValueError(f"{source}: key '{name}': {problem}, found {type(data[name]).__name__} {data[name]!r}")
         return cls(**{k: v for k, v in data.items() if k in fields})
 
     def save(self, directory: str | Path) -> Path:

@@ -79,6 +79,32 @@ def moe_enable(moe_type: str, layer_type: str, layer_idx: int) -> bool:
     return layer_type in kind and start <= layer_idx < end
 
 
+SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+
+
+def bad_value(name: str, value: Any) -> str | None:
+    """What no engine can run for config key `name`: a zero or negative size, a zero, negative or
+    non-finite eps or theta, a gen start that is not an int (None where nothing is wrong)."""
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if name in (*SIZE_KEYS, "gen_vocab_size"):
+        return None if is_int and value > 0 else "expected a positive int"
+    if name in ("rms_norm_eps", "rope_theta"):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if number and math.isfinite(value) and value > 0 else "expected a positive, finite float"
+    if name == "gen_vocab_start_index":
+        return None if value is None or is_int else "expected an int or null"
+    return None
+
+
+def check_values(data: Mapping[str, Any], source: str, prefix: str = "") -> None:
+    """Types (`check_field_types`) and values (`bad_value`) of the keys of `data`, one line naming the key."""
+    check_field_types(MammothModa2ARConfig, data, source, prefix)
+    for name, value in data.items():
+        problem = bad_value(name, value)
+        if problem:
+            raise ValueError(f"{source}: key '{prefix}{name}': {problem}, found {type(value).__name__} {value!r}")
+
+
 @dataclass(frozen=True)
 class MammothModa2ARConfig:
     vocab_size: int
@@ -98,6 +124,9 @@ class MammothModa2ARConfig:
     model_type: str = QWEN2_MODEL_TYPE
 
     def __post_init__(self) -> None:
+        for name, value in dataclasses.asdict(self).items():
+            if bad_value(name, value):
+                raise ValueError(f"{name}: {bad_value(name, value)}, found {type(value).__name__} {value!r}")
         if self.gen_vocab_start_index is None:
             start = self.vocab_size if self.extra_gen_vocab else self.vocab_size - self.gen_vocab_size
             object.__setattr__(self, "gen_vocab_start_index", start)
@@ -143,7 +172,7 @@ class MammothModa2ARConfig:
         unknown = sorted(set(data) - fields - HF_METADATA_KEYS)
         if unknown:
             raise ValueError(f"{source}: unknown AR config keys {unknown}")
-        check_field_types(cls, data, source)
+        check_values({k: v for k, v in data.items() if k in fields}, source)
         try:
             return cls(**{k: v for k, v in data.items() if k in fields})
         except TypeError as exc:  # a required key absent
@@ -176,6 +205,8 @@ class MammothModa2ARConfig:
         `llm_config`'s own gen keys where the text config lacks them and upstream's defaults for
         the rest; keys the model does not read are ignored, what it cannot run is refused."""
         llm = data["llm_config"]
+        if not isinstance(llm, Mapping) or not isinstance(llm.get("text_config", {}), Mapping):
+            raise ValueError(f"{source}: key 'llm_config' and its 'text_config': expected JSON objects")
         model_type = llm.get("model_type", QWEN2_MODEL_TYPE)
         text = {**{k: v for k, v in llm.items() if k in RELEASE_LLM_KEYS}, **llm.get("text_config", {})}
         defaults = RELEASE_DEFAULTS.get(model_type)
@@ -187,7 +218,12 @@ class MammothModa2ARConfig:
         if text.get("use_sliding_window"):
             raise ValueError(f"{source}: use_sliding_window is true: sliding-window attention is not implemented")
         fields = {f.name for f in dataclasses.fields(cls)}
-        values = {**defaults, **{k: v for k, v in text.items() if k in fields}, "model_type": model_type}
+        given = {k: v for k, v in text.items() if k in fields and k != "model_type"}
+        check_values({k: v for k, v in llm.items() if k in RELEASE_LLM_KEYS}, source, prefix="llm_config.")
+        check_values(
+            {k: v for k, v in llm.get("text_config", {}).items() if k in given}, source, prefix="llm_config.text_config."
+        )
+        values = {**defaults, **given, "model_type": model_type}
         return cls(**values)
 
     def save(self, directory: str | Path) -> Path:

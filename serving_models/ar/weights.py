@@ -75,14 +75,19 @@ RELEASE_PREFIXES = (
 )
 
 
-def local_checkpoint_name(name: str) -> str | None:
-    """A file's tensor name -> the checkpoint name the map above uses; None for other models' tensors."""
+PARITY_PREFIXES = ("model.", "lm_head.", "gen_head.")
+
+
+def local_checkpoint_name(name: str, *, release: bool = False) -> str | None:
+    """A file's tensor name -> the checkpoint name the map above uses; None for other models'
+    tensors. In a release directory a name under no known prefix is no model's and is not read
+    (docs/checkpoints.md §2); in parity's layout it is kept, so the load names it unexpected."""
     if name.startswith(NOT_THIS_MODEL):
         return None
     for prefix, local in RELEASE_PREFIXES:
         if name.startswith(prefix):
             return local + name[len(prefix) :]
-    return name
+    return None if release and not name.startswith(PARITY_PREFIXES) else name
 
 
 def weight_name_map(module: nn.Module) -> dict[str, list[str]]:
@@ -163,11 +168,12 @@ def from_pretrained(
     directory: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> MammothModa2ForConditionalGeneration:
     config = MammothModa2ARConfig.from_pretrained(directory)
+    release = "llm_config" in safetensors_io.read_json_object(Path(directory) / "config.json")
     spelt: dict[str, str] = {}
 
     def local_weights() -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in safetensors_io.iterate_weights(directory, device):
-            local = local_checkpoint_name(name)
+            local = local_checkpoint_name(name, release=release)
             if local is not None:
                 spelt[local] = name
                 yield local, tensor

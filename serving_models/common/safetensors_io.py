@@ -101,10 +101,16 @@ def read_safetensors(path: str | Path, device: torch.device | str = "cpu") -> It
 
 
 def check_floating(tensors: Mapping[str, torch.Tensor], source: str) -> None:
-    """Weights are floating point: an integer or boolean tensor would be cast silently."""
+    """Weights are floating point of 16 bits or more: an integer or boolean tensor would be cast
+    silently, and so would a float8 one, whose quantisation scales live in other tensors."""
     for name, tensor in tensors.items():
         if not tensor.is_floating_point():
             raise CheckpointFileError(f"{source}: tensor {name}: expected a floating-point dtype, found {tensor.dtype}")
+        if tensor.element_size() < 2:
+            raise CheckpointFileError(
+                f"{source}: tensor {name}: expected a floating-point dtype of 16 bits or more, found {tensor.dtype} "
+                "(a quantised checkpoint: casting it would drop its scales)"
+            )
 
 
 def checkpoint_files(directory: Path) -> dict[str, str]:
