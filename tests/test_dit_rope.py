@@ -29,7 +29,7 @@ def test_reference_position_ids_text_diagonal_then_image_grid():
 
 def test_serving_position_ids_use_the_device_side_caption_length():
     mask = torch.tensor([[True, True, False, False]])  # left-packed, cap_len 2, 2 padding slots
-    assert text_position_ids(mask)[0].tolist() == [[i, i, i] for i in range(4)]
+    assert text_position_ids(mask)[0].tolist() == [[0, 0, 0], [1, 1, 1], [0, 0, 0], [0, 0, 0]]  # padding at 0, as upstream
     img = image_position_ids(mask, 2, 3)[0].tolist()
     assert img == [[2, r, c] for r in range(2) for c in range(3)]
     assert image_position_ids(mask[:, :0], 1, 2)[0].tolist() == [[0, 0, 0], [0, 0, 1]]
@@ -124,11 +124,19 @@ def test_reference_rejects_positions_outside_axes_lens():
         RotaryPosEmbed(config)(ids, torch.float32)
 
 
-def test_serving_rejects_text_longer_than_axes_lens():
+def test_serving_rejects_real_text_longer_than_axes_lens():
+    """129 real tokens do not fit a 128-row table; the padded length alone is no bound (docs/model.md §7)."""
     _, serving = tiny_pair()
     states = torch.zeros(1, 129, 64)
-    with pytest.raises(ValueError, match="exceed axes_lens"):
+    with pytest.raises(RuntimeError, match="real text length of 128 tokens or more reaches the RoPE tables' end"):
         serving.forward(latents((1, 16, 8, 8)), torch.tensor([0.5]), states, torch.ones(1, 129, dtype=torch.bool))
+
+
+def test_serving_rejects_a_grid_past_axes_lens():
+    _, serving = tiny_pair()
+    states, mask = torch.zeros(1, 4, 64), torch.ones(1, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match="token grid 130x4 exceeds axes_lens"):
+        serving.forward(latents((1, 16, 260, 8)), torch.tensor([0.5]), states, mask)
 
 
 def test_both_refuse_128_real_tokens_at_axes_lens_128():
@@ -136,7 +144,7 @@ def test_both_refuse_128_real_tokens_at_axes_lens_128():
     reference, serving = tiny_pair()
     states, mask = torch.zeros(1, 128, 64), torch.ones(1, 128, dtype=torch.bool)
     inputs = (latents((1, 16, 8, 8)), torch.tensor([0.5]), states, mask)
-    with pytest.raises(RuntimeError, match="real text length of 128 tokens reaches axes_lens\\[0\\] = 128"):
+    with pytest.raises(RuntimeError, match="real text length of 128 tokens or more reaches the RoPE tables' end"):
         serving.forward(*inputs)
     with pytest.raises(ValueError, match="RoPE position 128 on axis t is outside axes_lens\\[0\\] = 128"):
         reference.forward(*inputs)

@@ -5,7 +5,7 @@ Adapter shape (the same in `serving_models/dit/adapter.py`; the harness codifies
     adapter.name: str                        "reference" | "serving"
     adapter.config                           the package's DiTConfig (same JSON fields)
     adapter.module: nn.Module                the Transformer2DModel
-    adapter.decoder: nn.Module               the latent decoder
+    adapter.decoder: nn.Module               the latent decoder (parity's stand-in, or the release's VAE)
     adapter.device, adapter.dtype
     Adapter.load(checkpoint_dir, device="cpu", dtype=torch.float32) -> Adapter      (classmethod)
     Adapter.build(config, state_dict, device="cpu", dtype=torch.float32) -> Adapter (classmethod)
@@ -52,12 +52,12 @@ from .checkpoint import (
     build_modules_on_meta,
     check_tensors,
     expected_shapes,
-    read_checkpoint,
+    read_checkpoint_report,
 )
 from .config import DiTConfig
-from .decoder import LatentDecoder
 from .model import Transformer2DModel
 from .sampler import euler_step, flow_match_timesteps, guidance_scales, initial_noise, text_condition
+from .vae import VAE_PREFIX, build_release_vae
 
 
 class ReferenceDiT:
@@ -72,7 +72,7 @@ class ReferenceDiT:
         self,
         config: DiTConfig,
         module: Transformer2DModel,
-        decoder: LatentDecoder,
+        decoder: nn.Module,
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
@@ -87,8 +87,21 @@ class ReferenceDiT:
     def load(
         cls, checkpoint_dir: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
     ) -> ReferenceDiT:
-        config, tensors = read_checkpoint(checkpoint_dir)
+        config, tensors, report = read_checkpoint_report(checkpoint_dir)
+        if report.decoder == "release-vae":  # a released directory: its AutoencoderKL decodes (vae.py)
+            vae = {name: t for name, t in tensors.items() if name.startswith(VAE_PREFIX)}
+            transformer = {name: t for name, t in tensors.items() if not name.startswith(VAE_PREFIX)}
+            check_tensors(expected_shapes(config, decoder=False), transformer, str(checkpoint_dir))
+            module = cls._transformer(config, transformer, torch.device(device), dtype)
+            decoder = build_release_vae(report.vae_config, vae, device, dtype, str(checkpoint_dir))
+            return cls(config, module, decoder, torch.device(device), dtype)
         return cls._assemble(config, tensors, device, dtype, source=str(checkpoint_dir))
+
+    @staticmethod
+    def _transformer(config: DiTConfig, tensors: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> nn.Module:
+        module, _ = build_modules_on_meta(config)
+        module.load_state_dict({k: v.to(device, dtype) for k, v in tensors.items()}, strict=True, assign=True)
+        return module.eval().requires_grad_(False)
 
     @classmethod
     def build(

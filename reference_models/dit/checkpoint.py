@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from reference_models.common.hf_checkpoint import CheckpointFileError, check_floating, read_json_object, read_safetensors
+from reference_models.common.hf_checkpoint import check_floating, load_state_dict, read_json_object
 
 from . import release
 from .config import DiTConfig, config_for_size
@@ -49,6 +49,7 @@ DECODER_PREFIX = "vae_decoder."
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
+DEFAULT_SHARD_BYTES = 4 << 30
 
 
 class CheckpointMismatchError(ValueError):
@@ -60,11 +61,13 @@ def build_modules_on_meta(config: DiTConfig) -> tuple[Transformer2DModel, Latent
         return Transformer2DModel(config), LatentDecoder(config.decoder)
 
 
-def expected_shapes(config: DiTConfig) -> dict[str, torch.Size]:
-    """Every checkpoint tensor name with its shape, in the order the modules declare them."""
-    model, decoder = build_modules_on_meta(config)
+def expected_shapes(config: DiTConfig, *, decoder: bool = True) -> dict[str, torch.Size]:
+    """Every checkpoint tensor name with its shape, in the order the modules declare them (without
+    the stand-in decoder's when `decoder` is False: the release's VAE decodes)."""
+    model, stand_in = build_modules_on_meta(config)
     shapes = {name: p.shape for name, p in model.named_parameters()}
-    shapes.update({DECODER_PREFIX + name: p.shape for name, p in decoder.named_parameters()})
+    if decoder:
+        shapes.update({DECODER_PREFIX + name: p.shape for name, p in stand_in.named_parameters()})
     return shapes
 
 
@@ -117,7 +120,7 @@ def write_checkpoint(
     state_dict: Mapping[str, torch.Tensor],
     out_dir: str | Path,
     storage_dtype: torch.dtype = torch.float32,
-    max_shard_bytes: int = 4 << 30,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
 ) -> Path:
     """Write `config.json` and the tensors (sharded with an index above `max_shard_bytes`)."""
     out = Path(out_dir)
@@ -156,6 +159,7 @@ def make_dit_checkpoint(
     storage_dtype: torch.dtype | None = None,
     matrix_std: float | None = None,
     layout: str = "parity",
+    max_shard_bytes: int | None = None,
 ) -> Path:
     """Write a random DiT checkpoint of `size` ("tiny" or "full") to `out_dir`; return the dir.
 
@@ -168,11 +172,14 @@ def make_dit_checkpoint(
     config = config_for_size(size)
     if storage_dtype is None:
         storage_dtype = torch.float32 if size == "tiny" else torch.bfloat16
+    if max_shard_bytes is not None and max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+    shard = DEFAULT_SHARD_BYTES if max_shard_bytes is None else max_shard_bytes
     state = random_state_dict(config, seed, "cpu", torch.float32, matrix_std)
     if layout == "parity":
-        return write_checkpoint(config, state, out_dir, storage_dtype)
+        return write_checkpoint(config, state, out_dir, storage_dtype, shard)
     if layout == "release":
-        out = write_checkpoint(config, release.release_state_dict(config, state, seed), out_dir, storage_dtype)
+        out = write_checkpoint(config, release.release_state_dict(config, state, seed), out_dir, storage_dtype, shard)
         (out / CONFIG_NAME).write_text(json.dumps(release.release_config_dict(config), indent=2) + "\n")
         return out
     raise ValueError(f"unknown checkpoint layout {layout!r}; expected 'parity' or 'release'")
@@ -181,15 +188,20 @@ def make_dit_checkpoint(
 @dataclasses.dataclass
 class CheckpointReport:
     """What a checkpoint directory holds for the DiT: its layout, the config keys left unused and
-    every tensor this pipeline does not read, with the reason (`parity inspect-checkpoint`)."""
+    every tensor this pipeline does not read, with the reason (`parity inspect-checkpoint`), and
+    which decoder decodes: parity's stand-in (`vae_decoder.*`) or the release's VAE (`gen_vae.*`,
+    built from `vae_config`)."""
 
     layout: str  # "parity" or "release"
     unused_config: dict[str, str]
     unused_tensors: dict[str, str]
+    decoder: str = "stand-in"  # or "release-vae"
+    vae_config: dict | None = None
 
 
 def read_checkpoint_report(checkpoint_dir: str | Path) -> tuple[DiTConfig, dict[str, torch.Tensor], CheckpointReport]:
-    """`read_checkpoint` plus the report; a release layout is mapped onto the reference's names."""
+    """`read_checkpoint` plus the report; a release layout is mapped onto the reference's names
+    (with the release's VAE, its `gen_vae.*` tensors are among them, under those names)."""
     root = Path(checkpoint_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"DiT checkpoint directory not found: {root}")
@@ -198,10 +210,19 @@ def read_checkpoint_report(checkpoint_dir: str | Path) -> tuple[DiTConfig, dict[
     if not release.is_release_config(data):
         return DiTConfig.from_json_dict(data, source=str(root / CONFIG_NAME)), tensors, CheckpointReport("parity", {}, {})
     config, notes = release.config_from_release(data, str(root / CONFIG_NAME))
-    used, unused, unexpected = release.split_release_tensors(tensors)
-    if unexpected:
-        raise CheckpointMismatchError(f"{root}: tensors outside the release layout's known prefixes: {unexpected}")
-    return config, used, CheckpointReport("release", notes, unused)
+    used, unused, vae = release.split_release_tensors(tensors)
+    if not vae:
+        if not any(name.startswith(DECODER_PREFIX) for name in used):
+            raise CheckpointMismatchError(
+                f"{root}: no decoder: neither the release's VAE (gen_vae.* tensors, built from gen_vae_config) nor "
+                f"parity's stand-in decoder ({DECODER_PREFIX}*, written by make-checkpoint --layout release)"
+            )
+        return config, used, CheckpointReport("release", notes, unused)
+    return (
+        config,
+        {**used, **vae},
+        CheckpointReport("release", notes, unused, "release-vae", dict(data.get("gen_vae_config") or {})),
+    )
 
 
 def read_checkpoint(checkpoint_dir: str | Path) -> tuple[DiTConfig, dict[str, torch.Tensor]]:
@@ -219,22 +240,12 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_tensors(root: Path) -> dict[str, torch.Tensor]:
-    single, index = root / WEIGHTS_NAME, root / INDEX_NAME
-    if single.is_file():
-        return dict(read_safetensors(single))
-    if index.is_file():
-        weight_map = read_json_object(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointFileError(f"{index}: key 'weight_map': expected an object of tensor name -> file")
-        tensors: dict[str, torch.Tensor] = {}
-        for file_name in sorted(set(weight_map.values())):
-            shard = dict(read_safetensors(root / file_name))
-            tensors.update({k: v for k, v in shard.items() if weight_map.get(k) == file_name})
-        missing_from_shards = sorted(set(weight_map) - set(tensors))
-        if missing_from_shards:
-            raise CheckpointMismatchError(f"{index}: listed but absent from their shards: {missing_from_shards}")
-        return tensors
-    raise FileNotFoundError(f"{root}: neither {WEIGHTS_NAME} nor {INDEX_NAME} is present")
+    """Every tensor of the directory, found as docs/checkpoints.md §1 says for both families: the
+    files every `*.safetensors.index.json` lists (an index wins over a `model.safetensors` beside
+    it), else every `*.safetensors` file."""
+    if not any(root.glob("*.safetensors.index.json")) and not any(root.glob("*.safetensors")):
+        raise FileNotFoundError(f"{root}: neither {WEIGHTS_NAME} nor {INDEX_NAME} is present")
+    return load_state_dict(root)
 
 
 def check_tensors(expected: Mapping[str, torch.Size], found: Mapping[str, torch.Tensor], source: str) -> None:

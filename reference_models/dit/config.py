@@ -9,6 +9,7 @@ is the `config.json` of an HF-style checkpoint directory, with the upstream diff
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,9 @@ class DiTConfig:
     # -- checks --------------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise ValueError naming the field when the shapes cannot form a DiT."""
+        problem = self.value_problem()
+        if problem:
+            raise ValueError(f"DiT config {self.name!r}: {problem}")
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"DiT config {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
@@ -121,6 +125,54 @@ class DiTConfig:
                 f"DiT config {self.name!r}: vae_decoder.latent_channels "
                 f"{self.decoder.latent_channels} != out_channels {self.out_channels}"
             )
+
+    # Lower bounds of the integer fields: a zero size or head count cannot form a DiT (and would
+    # divide by zero below); refiners may be absent.
+    INT_MINIMUM = {
+        "patch_size": 1,
+        "in_channels": 1,
+        "out_channels": 1,
+        "hidden_size": 1,
+        "num_layers": 1,
+        "num_refiner_layers": 0,
+        "num_attention_heads": 1,
+        "num_kv_heads": 1,
+        "multiple_of": 1,
+        "text_feat_dim": 1,
+    }
+
+    def value_problem(self) -> str | None:
+        """A value no DiT can run (a zero size, a non-positive or non-finite eps, scale or factor,
+        a non-integer axis), in the release's config as in parity's; None when there is none."""
+
+        def is_int(value: object) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        def positive(value: object) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+        for name, low in self.INT_MINIMUM.items():
+            value = getattr(self, name)
+            if not is_int(value) or value < low:
+                return f"{name} {value!r}: expected an int >= {low}"
+        for name in ("norm_eps", "timestep_scale", "rope_theta"):
+            if not positive(getattr(self, name)):
+                return f"{name} {getattr(self, name)!r}: expected a positive, finite float"
+        if self.ffn_dim_multiplier is not None and not positive(self.ffn_dim_multiplier):
+            return f"ffn_dim_multiplier {self.ffn_dim_multiplier!r}: expected null or a positive, finite float"
+        if not all(is_int(d) and d >= 0 for d in self.axes_dim_rope) or not all(is_int(n) and n >= 1 for n in self.axes_lens):
+            return f"axes_dim_rope {list(self.axes_dim_rope)} / axes_lens {list(self.axes_lens)}: expected ints (lengths >= 1)"
+        decoder = self.decoder
+        if not is_int(decoder.latent_channels) or decoder.latent_channels < 1:
+            return f"latent_channels {decoder.latent_channels!r}: expected an int >= 1"
+        if not decoder.block_out_channels or not all(is_int(c) and c >= 1 for c in decoder.block_out_channels):
+            return f"block_out_channels {list(decoder.block_out_channels)}: expected one or more ints >= 1"
+        if not positive(decoder.scaling_factor):
+            return f"scaling_factor {decoder.scaling_factor!r}: expected a positive, finite float (latents are divided by it)"
+        shift = decoder.shift_factor
+        if not (isinstance(shift, (int, float)) and not isinstance(shift, bool) and math.isfinite(shift)):
+            return f"shift_factor {decoder.shift_factor!r}: expected a finite float"
+        return None
 
     # -- JSON ------------------------------------------------------------------------------------
     def to_json_dict(self) -> dict[str, Any]:

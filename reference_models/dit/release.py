@@ -1,18 +1,21 @@
 """The DiT side of the release checkpoint layout (docs/model.md §10): config and tensor names.
 
 The released MammothModa2 directory holds one composite model. Its `config.json` is the
-top-level `Mammothmoda2Config`: the DiT's diffusers config under `gen_dit_config`, the VAE's under
-`gen_vae_config`, the RoPE tables the sampler builds from `gen_axes_dim_rope` / `gen_axes_lens`,
-the LLM's config under `llm_config` (whose text width re-creates the DiT's caption embedder).
+top-level `Mammothmoda2Config`: the DiT's diffusers config under `gen_dit_config` (its
+`axes_dim_rope` / `axes_lens` size the RoPE tables on the text-to-image path), the VAE's under
+`gen_vae_config`, the composite's own `gen_axes_dim_rope` / `gen_axes_lens`, the LLM's config under `llm_config` (whose text width re-creates the DiT's caption embedder).
 Its state dict puts the transformer under `gen_transformer.`, the VAE under `gen_vae.` and the
 LLM under `llm_model.`. This module maps that layout onto the reference's `DiTConfig` and tensor
 names and says, for every release tensor this pipeline does not read, why; it is the DiT family's
 hook for a release-layout reader (`read_checkpoint` calls it when `config.json` is a release
 config) and for `make_dit_checkpoint(..., layout="release")`.
 
-The stand-in decoder (parity decodes with a small seeded decoder, not the release's VAE) has no
-release tensors: a parity-written release directory stores it under `vae_decoder.` and its shape
-under the config key `parity_stand_in_decoder`; a directory without them cannot decode.
+The decoder: a released directory decodes with its VAE (`gen_vae.*`, diffusers' `AutoencoderKL`
+built from `gen_vae_config`: `vae.py`); a parity-written release directory carries parity's seeded
+stand-in decoder instead, under `vae_decoder.` with its shape under the config key
+`parity_stand_in_decoder`, and the stand-in decodes wherever it is present. A directory with
+neither cannot decode. Tensors under a prefix no family claims are listed and never read
+(docs/checkpoints.md §2).
 """
 
 from __future__ import annotations
@@ -22,10 +25,17 @@ from typing import Any
 
 import torch
 
+from reference_models.common.hf_checkpoint import check_field_types
+
 from .config import DecoderConfig, DiTConfig
 
 TRANSFORMER_PREFIX = "gen_transformer."
 DECODER_PREFIX = "vae_decoder."
+VAE_PREFIX = "gen_vae."
+VAE_BESIDE_STAND_IN = (
+    "the release's VAE (AutoencoderKL): parity's stand-in decoder (vae_decoder.*) is present and decodes instead"
+)
+UNCLAIMED = "no model family claims this prefix: never read (docs/checkpoints.md §2)"
 STAND_IN_DECODER_KEY = "parity_stand_in_decoder"
 
 # Upstream `Transformer2DModel.__init__` defaults, for keys a `gen_dit_config` leaves out.
@@ -77,7 +87,6 @@ UNUSED_TENSORS: tuple[tuple[str, str], ...] = (
         TRANSFORMER_PREFIX + "image_index_embedding",
         "per-reference-image index embedding: text-to-image passes no reference images",
     ),
-    ("gen_vae.", "the release's VAE (AutoencoderKL): parity decodes with a seeded stand-in decoder"),
     ("llm_model.", "the AR backbone's tensors: read by the AR family's loader"),
 )
 
@@ -96,15 +105,19 @@ def _llm_width(data: Mapping[str, Any]) -> int | None:
 def config_from_release(data: Mapping[str, Any], source: str) -> tuple[DiTConfig, dict[str, str]]:
     """The reference `DiTConfig` of a release config, and the keys it did not use with why.
 
-    Absent `gen_dit_config` keys take upstream's defaults; the RoPE tables are the release's
-    `gen_axes_*` (what its sampler passes to the transformer); the caption embedder's input width
-    is the LLM's (the release re-creates it so). Contradictions raise naming `source` and the keys."""
+    Absent `gen_dit_config` keys take upstream's defaults; the RoPE tables are
+    `gen_dit_config`'s (`axes_dim_rope`, `axes_lens`: what the text-to-image path builds them
+    from); the caption embedder's input width is the LLM's (the release re-creates it so). Wrong
+    types and contradictions raise naming `source` and the keys."""
     dit = dict(DIT_DEFAULTS)
+    if not isinstance(data["gen_dit_config"], Mapping):
+        raise ValueError(f"{source}: key 'gen_dit_config': expected a JSON object, found {type(data['gen_dit_config']).__name__}")
     given = dict(data["gen_dit_config"])
     notes = {key: reason for key, reason in IGNORED_DIT_KEYS.items() if key in given}
     unknown = sorted(set(given) - set(DIT_DEFAULTS) - set(IGNORED_DIT_KEYS))
     if unknown:
         raise ValueError(f"{source}: gen_dit_config has keys this DiT does not know: {unknown}")
+    _check_types(given, data, source)
     dit.update({k: v for k, v in given.items() if k in DIT_DEFAULTS})
     if dit["out_channels"] is None:
         dit["out_channels"] = dit["in_channels"]
@@ -114,9 +127,15 @@ def config_from_release(data: Mapping[str, Any], source: str) -> tuple[DiTConfig
             f"{source}: gen_axes_dim_rope {list(axes_dim)} contradicts gen_dit_config.axes_dim_rope "
             f"{list(dit['axes_dim_rope'])} (the tables are split by the transformer's axes)"
         )
-    axes_lens = tuple(data.get("gen_axes_lens") or RELEASE_AXES_LENS)
-    if axes_lens != tuple(dit["axes_lens"]):
-        notes["gen_dit_config.axes_lens"] = f"the sampler's RoPE tables come from gen_axes_lens {list(axes_lens)}"
+    # The text-to-image path builds the transformer's RoPE tables from gen_dit_config.axes_lens
+    # (diffusers' default (300, 512, 512) when absent); the composite config's gen_axes_lens are not
+    # read there (docs/model.md §10).
+    axes_lens = tuple(dit["axes_lens"])
+    if "gen_axes_lens" in data:
+        notes["gen_axes_lens"] = (
+            f"the composite config's RoPE lengths: the text-to-image path builds its tables from "
+            f"gen_dit_config.axes_lens {list(axes_lens)}"
+        )
     width = _llm_width(data)
     if width is not None and width != dit["text_feat_dim"]:
         notes["gen_dit_config.text_feat_dim"] = f"the caption embedder is re-created for the LLM width {width}"
@@ -131,7 +150,9 @@ def config_from_release(data: Mapping[str, Any], source: str) -> tuple[DiTConfig
         latent_channels=vae.get("latent_channels", dit["out_channels"]),
         block_out_channels=tuple(stand_in.get("block_out_channels", DecoderConfig.block_out_channels)),
         scaling_factor=vae.get("scaling_factor", DecoderConfig.scaling_factor),
-        shift_factor=vae.get("shift_factor", DecoderConfig.shift_factor),
+        shift_factor=0.0
+        if "shift_factor" in vae and vae["shift_factor"] is None
+        else vae.get("shift_factor", DecoderConfig.shift_factor),
     )
     for key in ("gen_condition_mode", "gen_condition_layers", "gen_transport_config", "gen_image_condition_refiner_config"):
         if key in data:
@@ -147,6 +168,28 @@ def config_from_release(data: Mapping[str, Any], source: str) -> tuple[DiTConfig
     return config, notes
 
 
+def _check_types(given: Mapping[str, Any], data: Mapping[str, Any], source: str) -> None:
+    """The release's DiT and VAE settings hold the types the flat layout checks (one line naming
+    the key path): scalars by `check_field_types`, the axes as three ints, the sections as objects."""
+    check_field_types(
+        DiTConfig, {k: v for k, v in given.items() if k in DIT_DEFAULTS and v is not None}, source, prefix="gen_dit_config."
+    )
+    for key in ("axes_dim_rope", "axes_lens"):
+        value = given.get(key)
+        if value is not None and not (isinstance(value, list) and len(value) == 3 and all(type(v) is int for v in value)):
+            raise ValueError(f"{source}: key 'gen_dit_config.{key}': expected a list of 3 ints, found {value!r}")
+    for key in ("gen_axes_dim_rope", "gen_axes_lens"):
+        value = data.get(key)
+        if value is not None and not (isinstance(value, list) and all(type(v) is int for v in value)):
+            raise ValueError(f"{source}: key '{key}': expected a list of ints, found {value!r}")
+    for key in ("gen_vae_config", STAND_IN_DECODER_KEY):
+        if data.get(key) is not None and not isinstance(data[key], Mapping):
+            raise ValueError(f"{source}: key '{key}': expected a JSON object, found {type(data[key]).__name__}")
+    vae = data.get("gen_vae_config") or {}
+    factors = {k: vae[k] for k in ("latent_channels", "scaling_factor", "shift_factor") if vae.get(k) is not None}
+    check_field_types(DecoderConfig, factors, source, prefix="gen_vae_config.")
+
+
 def unused_reason(name: str) -> str | None:
     """Why this pipeline does not read release tensor `name`, or None if it is not a known unused one."""
     for prefix, reason in UNUSED_TENSORS:
@@ -157,13 +200,15 @@ def unused_reason(name: str) -> str | None:
 
 def split_release_tensors(
     tensors: Mapping[str, torch.Tensor],
-) -> tuple[dict[str, torch.Tensor], dict[str, str], list[str]]:
-    """(the tensors under the reference's names, {unused release name: reason}, unexpected names).
+) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, torch.Tensor]]:
+    """(the tensors under the reference's names, {unused release name: reason}, the VAE's tensors).
 
-    `gen_transformer.X` becomes `X`, `vae_decoder.*` (parity's stand-in) is kept as is."""
+    `gen_transformer.X` becomes `X`, `vae_decoder.*` (parity's stand-in) is kept as is; `gen_vae.*`
+    decodes unless the stand-in is present (then it is listed unused); a tensor under a prefix no
+    family claims is listed with `UNCLAIMED` and never read."""
     used: dict[str, torch.Tensor] = {}
     unused: dict[str, str] = {}
-    unexpected: list[str] = []
+    vae: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
         reason = unused_reason(name)
         if reason is not None:
@@ -172,9 +217,14 @@ def split_release_tensors(
             used[name[len(TRANSFORMER_PREFIX) :]] = tensor
         elif name.startswith(DECODER_PREFIX):
             used[name] = tensor
+        elif name.startswith(VAE_PREFIX):
+            vae[name] = tensor
         else:
-            unexpected.append(name)
-    return used, unused, sorted(unexpected)
+            unused[name] = UNCLAIMED
+    if vae and any(name.startswith(DECODER_PREFIX) for name in used):
+        unused.update(dict.fromkeys(vae, VAE_BESIDE_STAND_IN))
+        vae = {}
+    return used, unused, vae
 
 
 def release_config_dict(config: DiTConfig, llm_config: Mapping[str, Any] | None = None) -> dict[str, Any]:

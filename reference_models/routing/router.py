@@ -83,6 +83,18 @@ class RoutingConfig:
                 raise ValueError(f"reference router: topk_group must lie in [1, {self.num_expert_group}], got {self.topk_group}")
         if has_bias and self.scoring != "sigmoid":
             raise ValueError("reference router: correction_bias is defined for scoring='sigmoid' only (docs/routing.md §3)")
+        if has_bias and self.num_expert_group is not None and num_experts == self.num_expert_group:
+            raise ValueError(groups_of_one_message("reference router", num_experts, self.num_expert_group))
+
+
+def groups_of_one_message(who: str, num_experts: int, num_expert_group: int) -> str:
+    """Why grouped routing with groups of one expert and a correction bias is refused (docs/routing.md §3)."""
+    return (
+        f"{who}: num_expert_group={num_expert_group} splits E={num_experts} into groups of one expert; with a "
+        "correction_bias a group scores the sum of its two best keys, which a group of one does not have, so every "
+        "group would score -inf and the experts be chosen by group id (docs/routing.md §3): route without groups "
+        "(num_expert_group=None) or with groups of at least two experts"
+    )
 
 
 # --------------------------------------------------------------------------------------------

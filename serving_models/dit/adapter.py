@@ -30,10 +30,9 @@ import torch
 from torch import nn
 
 from .config import DiTConfig
-from .decoder import LatentDecoder
 from .model import Transformer2DModel
 from .sampler import euler_update, flow_match_timesteps, guidance_per_step, initial_noise, text_condition
-from .weights import build_modules, read_checkpoint
+from .weights import build_modules, read_checkpoint_and_vae
 
 
 class ServingDiT:
@@ -45,7 +44,7 @@ class ServingDiT:
         self,
         config: DiTConfig,
         module: Transformer2DModel,
-        decoder: LatentDecoder,
+        decoder: nn.Module,
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
@@ -59,9 +58,9 @@ class ServingDiT:
     def load(
         cls, checkpoint_dir: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
     ) -> ServingDiT:
-        config, tensors = read_checkpoint(checkpoint_dir)
+        config, tensors, vae_config = read_checkpoint_and_vae(checkpoint_dir)
         device = torch.device(device)
-        module, decoder = build_modules(config, tensors, device, dtype, source=str(checkpoint_dir))
+        module, decoder = build_modules(config, tensors, device, dtype, source=str(checkpoint_dir), vae_config=vae_config)
         return cls(config, module, decoder, device, dtype)
 
     @classmethod

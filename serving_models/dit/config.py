@@ -9,6 +9,7 @@ a suite can build both implementations from one configuration.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,29 @@ class DiTConfig:
     name: str = "custom"
 
     def __post_init__(self) -> None:
+        for name in (
+            "patch_size",
+            "in_channels",
+            "out_channels",
+            "hidden_size",
+            "num_layers",
+            "num_attention_heads",
+            "num_kv_heads",
+            "multiple_of",
+            "text_feat_dim",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"DiT config {self.name!r}: {name} {value!r}: expected an int >= 1")
+        for name in ("norm_eps", "timestep_scale", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"DiT config {self.name!r}: {name} {value!r}: expected a positive, finite float")
+        if not 0 < self.decoder.scaling_factor < math.inf or not math.isfinite(self.decoder.shift_factor):
+            raise ValueError(
+                f"DiT config {self.name!r}: vae_decoder scaling_factor {self.decoder.scaling_factor!r} / shift_factor "
+                f"{self.decoder.shift_factor!r}: expected a positive, finite scale and a finite shift"
+            )
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"DiT config {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
@@ -107,7 +131,10 @@ class DiTConfig:
         for key in ("axes_dim_rope", "axes_lens"):
             data[key] = tuple(data[key])
         decoder = dict(decoder, block_out_channels=tuple(decoder["block_out_channels"]))
-        return cls(**data, decoder=DecoderConfig(**decoder), name=name)
+        try:
+            return cls(**data, decoder=DecoderConfig(**decoder), name=name)
+        except ValueError as exc:  # a value no model can run (a zero size, a negative eps): say which file
+            raise ValueError(f"{source}: {exc}") from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> DiTConfig:

@@ -142,9 +142,12 @@ class RotaryEmbedding3D(nn.Module):
 
 
 def text_position_ids(text_mask: torch.Tensor) -> torch.Tensor:
-    """`[B, L, 3]`: text slot i → (i, i, i)."""
+    """`[B, L, 3]`: real text token i → (i, i, i), a padding slot → (0, 0, 0) as upstream's packed
+    positions leave padding (its rows are masked as keys and zeroed as queries, so only the bound
+    matters: a padded length past the RoPE tables is fine while the real text fits)."""
     batch, text_len = text_mask.shape
-    return torch.arange(text_len, device=text_mask.device)[None, :, None].expand(batch, text_len, 3)
+    slots = torch.arange(text_len, device=text_mask.device)[None, :].expand(batch, text_len)
+    return torch.where(text_mask, slots, torch.zeros_like(slots))[..., None].expand(batch, text_len, 3)
 
 
 def image_position_ids(text_mask: torch.Tensor, grid_h: int, grid_w: int) -> torch.Tensor:
@@ -315,19 +318,24 @@ class Transformer2DModel(nn.Module):
     def _check_positions(self, text_mask: torch.Tensor, grid_h: int, grid_w: int) -> None:
         """RoPE positions must stay inside `axes_lens` (upstream's tables), without a host read.
 
-        Text slot i, padding included, looks up (i, i, i); an image token (cap_len, r, c) with the
-        real text length cap_len = text_mask.sum(). The padded length L, the grid and the real
-        length bound them: L <= every axis length and the grid inside axes 1 and 2 are decided from
-        shapes; cap_len < axes_lens[0] follows from L < axes_lens[0], and only at L == axes_lens[0]
-        depends on the mask (127 real tokens of 128 are fine, as upstream accepts them), which is
-        then asserted on the device (a RuntimeError on the CPU, a device-side assert on CUDA)."""
+        A real text token i looks up (i, i, i), padding (0, 0, 0), an image token (cap_len, r, c)
+        with the real text length cap_len = text_mask.sum(). So the grid must fit axes 1 and 2 (a
+        shape, refused here), and cap_len must stay below axes_lens[0] and at most axes_lens[1] and
+        [2]; the padded length L bounds cap_len, so only an L past that bound depends on the mask,
+        which is then asserted on the device (a RuntimeError on the CPU, a device-side assert on
+        CUDA). A padded length above the tables with a real length that fits is accepted, as
+        upstream and the reference accept it (docs/model.md §7)."""
         lens = self.config.axes_lens
-        text_len = text_mask.shape[1]
-        if text_len > min(lens) or grid_h > lens[1] or grid_w > lens[2]:
-            raise ValueError(f"text length {text_len} and token grid {grid_h}x{grid_w} exceed axes_lens {tuple(lens)}")
-        if text_len == lens[0]:
-            fits = (text_mask.sum(dim=1) < lens[0]).all()
-            torch._assert_async(fits, f"a real text length of {lens[0]} tokens reaches axes_lens[0] = {lens[0]}")
+        if grid_h > lens[1] or grid_w > lens[2]:
+            raise ValueError(
+                f"token grid {grid_h}x{grid_w} exceeds axes_lens {tuple(lens)} (rows and columns index axes 1 and 2)"
+            )
+        bound = min(lens[0] - 1, lens[1], lens[2])  # the longest real text whose positions fit
+        if text_mask.shape[1] > bound:
+            fits = (text_mask.sum(dim=1) <= bound).all()
+            torch._assert_async(
+                fits, f"a real text length of {bound + 1} tokens or more reaches the RoPE tables' end (axes_lens {tuple(lens)})"
+            )
 
     def _apply_refiners(
         self,

@@ -150,13 +150,9 @@ def _group_keep_mask(keys: torch.Tensor, num_expert_group: int, topk_group: int,
     """bool [T, E]: experts inside each row's `topk_group` best groups (docs/routing.md §3 steps 2-3)."""
     rows, num_experts = keys.shape
     grouped = keys.reshape(rows, num_expert_group, num_experts // num_expert_group)
-    if sum_top2:
-        if grouped.shape[-1] < 2:
-            # A group of one expert has fewer than two candidates: its score is -inf (docs/routing.md §3 step 2).
-            group_score = torch.full_like(grouped[..., 0], float("-inf"))
-        else:
-            top2 = torch.topk(grouped, 2, dim=-1, sorted=True).values
-            group_score = top2[..., 0] + top2[..., 1]
+    if sum_top2:  # groups of at least two experts: `_check_config` refuses groups of one with a bias
+        top2 = torch.topk(grouped, 2, dim=-1, sorted=True).values
+        group_score = top2[..., 0] + top2[..., 1]
     else:
         group_score = grouped.amax(dim=-1)
     kept = torch.topk(tie_break_order_key(group_score), topk_group, dim=-1, sorted=True).indices
@@ -257,6 +253,15 @@ def _check_config(
             )
         if correction_bias.device != logits.device:
             raise ValueError(f"select_experts: correction_bias is on {correction_bias.device}, logits on {logits.device}")
+        if num_expert_group is not None and num_expert_group == num_experts:
+            # Groups of one expert: the sum-of-two group score does not exist, every group would be
+            # -inf and the experts chosen by group id (docs/routing.md §3). Refused, as SGLang and HF do.
+            raise ValueError(
+                f"select_experts: num_expert_group={num_expert_group} splits E={num_experts} into groups of one expert; "
+                "with a correction_bias a group scores the sum of its two best keys, which a group of one does not have, "
+                "so every group would score -inf and the experts be chosen by group id (docs/routing.md §3): route "
+                "without groups (num_expert_group=None) or with groups of at least two experts"
+            )
     if num_valid_rows is not None:
         if not isinstance(num_valid_rows, torch.Tensor):
             raise TypeError(

@@ -13,7 +13,21 @@ from typing import Annotated, Any, Literal
 
 import torch
 
-from parity.cases import AnyFloat, CaseFileError, Count, NonNegative, Positive, Range, Seed, Table, case_path, load_case_file
+from parity.cases import (
+    AnyFloat,
+    CaseFileError,
+    Count,
+    NonNegative,
+    Positive,
+    Range,
+    Seed,
+    Table,
+    Unavailable,
+    case_path,
+    deferring,
+    load_case_file,
+    unavailable,
+)
 from parity.compare import Tolerance
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -151,6 +165,26 @@ class RankCase:
     counts: list[int]
 
 
+@dataclasses.dataclass(frozen=True)
+class RefuseCase:
+    """A grouped configuration a router must not route as asked (docs/routing.md §3): groups of one
+    expert with a correction bias. Refusing it passes (the reference's rule), and so does routing
+    it as ungrouped routing (vLLM's fallback); choosing experts by group id fails."""
+
+    name: str
+    experts: Positive
+    k: Positive
+    num_expert_group: Positive
+    topk_group: Positive
+    rows: Positive
+    seed: Seed
+    note: str
+
+    def __post_init__(self) -> None:
+        if self.experts % self.num_expert_group or not 1 <= self.topk_group <= self.num_expert_group:
+            raise ValueError("E must split into num_expert_group equal groups and 1 <= topk_group <= num_expert_group")
+
+
 _COUNT = re.compile(r"^\s*(?:(-?\d+)|T\s*(?:([-+/])\s*(\d+))?)\s*$")
 
 
@@ -173,7 +207,7 @@ def count_label(count: int) -> str:
     return f"n{count}" if count >= 0 else f"nminus{-count}"
 
 
-def _load_cases() -> dict[str, Any]:
+def _load_cases() -> dict[str, Any] | Unavailable:
     cases = load_case_file(
         CASE_FILE,
         {
@@ -189,9 +223,17 @@ def _load_cases() -> dict[str, Any]:
             "load": Table(LoadSpec, many=False),
             "rank": Table(RankSpec, many=False),
             "rank_case": Table(RankCase),
+            "refuse": Table(RefuseCase),
         },
     )
-    _check_cross_references(cases)
+    if isinstance(cases, Unavailable):
+        return cases
+    try:
+        _check_cross_references(cases)
+    except CaseFileError as exc:
+        if not deferring():
+            raise
+        return unavailable(CASE_FILE, exc)  # a session that selects no routing test still runs
     return cases
 
 
@@ -217,6 +259,11 @@ def _check_cross_references(cases: dict[str, Any]) -> None:
             if groups.experts % groups.num_expert_group or not 1 <= groups.topk_group <= groups.num_expert_group:
                 raise CaseFileError(
                     f"{where}: E={groups.experts} must split into num_expert_group equal groups, 1 <= topk_group <= groups"
+                )
+            if groups.experts == groups.num_expert_group and any(kind.grouped and kind.bias != "none" for kind in kinds.values()):
+                raise CaseFileError(
+                    f"{where}: E={groups.experts} in {groups.num_expert_group} groups is groups of one expert, which a grouped kind "
+                    "with a correction bias cannot route (docs/routing.md §3: both routers refuse it); use fewer groups"
                 )
             if k > groups.topk_group * groups.experts // groups.num_expert_group:
                 raise CaseFileError(

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from parity.cases import CaseFileError, case_path
-from parity.compare import AT_MOST, ERROR, FAIL, PASS, TIE_FLIP, Tolerance, Verdict, count_rule, diff, noise_floor_rule
+from parity.compare import AT_MOST, ERROR, FAIL, PASS, TIE_FLIP, Tolerance, Verdict, count_rule, diff, flag_rule, noise_floor_rule
 from parity.runners.base import CaptureError
 from parity.suites.routing.cases import (
     CASE_FILE,
@@ -38,11 +38,13 @@ from parity.suites.routing.cases import (
     Kind,
     LoadSpec,
     PadSpec,
+    RefuseCase,
     ReplaySpec,
     count_label,
     group_params,
     resolve_count,
 )
+from parity.target import router_result_problem
 from reference_models.routing import router as reference
 
 # ---------------------------------------------------------------------------------------------
@@ -174,15 +176,21 @@ def unpack(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def contract_violations(result: Any, rows: int, k: int, num_shared: int, num_experts: int) -> list[str]:
-    """The contract (docs/routing.md §1 and §5; R4, R5, R7): a named pair (weights, ids), int32 ids,
-    fp32 weights, shape [T, k+S]; weights finite and >= 0, 0 on -1 slots; routed ids -1 or in
-    [0, E) and distinct per row; shared column i holds -1 or E + i."""
+    """The contract (docs/routing.md §1 and §5; R4, R5, R7): the pair (weights, ids), plain or
+    named (`parity.target.router_result_problem`, the rule `parity check-target` applies too,
+    docs/targets.md §7), int32 ids, fp32 weights, shape [T, k+S]; weights finite and >= 0, 0 on -1
+    slots; routed ids -1 or in [0, E) and distinct per row; shared column i holds -1 or E + i."""
     problems = []
     width = k + num_shared
-    fields = getattr(result, "_fields", None)
-    if fields != ("weights", "ids"):
-        problems.append(f"result is not the named pair (weights, ids): fields {fields}")
-    weights, ids = unpack(result)
+    form = router_result_problem(result)
+    if form is not None:
+        problems.append(f"result is {form}")
+    try:
+        weights, ids = unpack(result)
+    except (TypeError, IndexError, KeyError):
+        return problems  # nothing to read weights and ids from: the line above says what came back
+    if not isinstance(weights, torch.Tensor) or not isinstance(ids, torch.Tensor):
+        return [*problems, f"weights and ids must be tensors, got {type(weights).__name__} / {type(ids).__name__}"]
     if ids.dtype != torch.int32 or weights.dtype != torch.float32:
         problems.append(f"dtypes ids {ids.dtype} / weights {weights.dtype}, expected int32 / float32")
     if tuple(ids.shape) != (rows, width) or tuple(weights.shape) != (rows, width):
@@ -501,6 +509,61 @@ def edge_rows(router: Any, case: EdgeCase, dtype: str, device: torch.device) -> 
 
 def edge_cases() -> list[tuple[EdgeCase, str]]:
     return [(case, dtype) for case in CASES["edge"] for dtype in case.dtypes]
+
+
+# ---------------------------------------------------------------------------------------------
+# refuse- : a configuration a router must not route as asked
+# ---------------------------------------------------------------------------------------------
+
+
+def refuse_rows(router: Any, case: RefuseCase, device: torch.device, seed: int) -> list[Row]:
+    """Groups of one expert with a correction bias (docs/routing.md §3): the target refuses it
+    (raises, the reference's rule) or routes it as ungrouped routing (vLLM's fallback); experts
+    chosen by group id fail. The reference must refuse it too."""
+    gen = generator(seed, case.experts, case.k)
+    logits = (2.0 * torch.randn(case.rows, case.experts, generator=gen)).to(device)
+    bias = (-torch.rand(case.experts, generator=gen) - 1.0).to(device)
+    grouped = dict(num_expert_group=case.num_expert_group, topk_group=case.topk_group)
+    options: dict[str, Any] = dict(scoring="sigmoid", renormalize=True, correction_bias=bias)
+    rows: list[Row] = []
+    try:
+        reference.select_experts(logits, case.k, **options, **grouped)
+        refused_by_reference = ""
+    except ValueError as exc:
+        refused_by_reference = str(exc)
+    rows.append(
+        Row.of(
+            case.name,
+            flag_rule(
+                bool(refused_by_reference), metric="reference_refuses", detail=refused_by_reference or "the reference routed it"
+            ),
+            "reference",
+            better="equal",
+        )
+    )
+    ungrouped = reference.select_experts(logits, case.k, **options)
+    try:
+        result = router.select_experts(logits, case.k, **options, **grouped)
+    except Exception as exc:  # a refusal: any exception a caller sees before a route is made
+        detail = f"refused: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+        rows.append(Row.of(case.name, flag_rule(True, metric="refused_or_ungrouped", detail=detail), "target", better="equal"))
+        return rows
+    try:
+        _, ids = unpack(result)
+        routed = ids.detach().cpu().to(torch.int64)[:, : case.k]
+    except (TypeError, IndexError, KeyError, AttributeError) as exc:
+        detail = f"routed, and the result has no readable ids ({type(exc).__name__})"
+        rows.append(Row.of(case.name, flag_rule(False, metric="refused_or_ungrouped", detail=detail), "target", better="equal"))
+        return rows
+    expected = ungrouped.ids.cpu().to(torch.int64)[:, : case.k]
+    same = tuple(routed.shape) == tuple(expected.shape) and bool(torch.equal(routed, expected))
+    detail = (
+        "routed as ungrouped routing (vLLM's fallback)"
+        if same
+        else f"routed row 0 to {routed[0].tolist()}, ungrouped routing picks {expected[0].tolist()} (experts chosen by group id?)"
+    )
+    rows.append(Row.of(case.name, flag_rule(same, metric="refused_or_ungrouped", detail=detail), "target", better="equal"))
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------

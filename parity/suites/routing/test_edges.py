@@ -1,19 +1,21 @@
 """Routing suite, edge rows: exact ties (`tie-`), candidates (`nan-`: NaN, ±inf, fewer than k
-finite logits, group masks) and pad rows past the device-side valid-row count (`pad-`).
+finite logits, group masks), pad rows past the device-side valid-row count (`pad-`) and grouped
+configurations a router must not route as asked (`refuse-`: groups of one expert with a bias).
 
 tie- / nan-: hand-built rows with hand-written expected ids (docs/routing.md R2-R4), on fp32 and
 bf16 logits; the target must give exactly those ids, the reference's ids, weights within docs/routing.md §2's
 bound, and keep the output contract. pad-: for counts 0, 1, T-1, T (and T+3, -1, which clamp) with
 garbage or NaN logits in the pad rows, pads are -1 / 0 in every column and real rows equal an
-unpadded run bit for bit (R6, R8).
+unpadded run bit for bit (R6, R8). refuse-: refused (the reference's rule) or routed as ungrouped
+routing, never by group id (docs/routing.md §3).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from parity.suites.routing.cases import CASES, EdgeCase
-from parity.suites.routing.support import PadPoint, edge_cases, edge_rows, pad_points, pad_rows, write_rows
+from parity.suites.routing.cases import CASES, EdgeCase, RefuseCase
+from parity.suites.routing.support import PadPoint, edge_cases, edge_rows, pad_points, pad_rows, refuse_rows, write_rows
 
 pytestmark = pytest.mark.suite("routing")
 
@@ -30,3 +32,9 @@ def test_edge_rows(case: EdgeCase, dtype: str, report, target, device) -> None:
 def test_pad_rows(point: PadPoint, report, target, device, settings) -> None:
     seed = CASES["pad"].seed + settings.seed
     write_rows(report, pad_rows(target.router(), point, device, seed), seed=seed)
+
+
+@pytest.mark.parametrize("case", CASES["refuse"], ids=[case.name for case in CASES["refuse"]])
+def test_refused_configurations(case: RefuseCase, report, target, device, settings) -> None:
+    seed = case.seed + settings.seed
+    write_rows(report, refuse_rows(target.router(), case, device, seed), seed=seed)
