@@ -1,4 +1,4 @@
-"""`--target` factories that slip past a check that only looks for members (issue 31 §4): a factory
+"""`--target` factories that slip past a check that only looks for members: a factory
 that ends the process or hangs, one that leaves a non-daemon thread running (as engines' background
 loops do), a router that returns None, and the forms a router's result may or may not take
 (docs/targets.md §7). tests/test_check_target_contract.py and tests/test_bad_inputs_targets.py use them."""

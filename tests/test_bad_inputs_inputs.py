@@ -1,4 +1,4 @@
-"""Bad input that was accepted but meant nothing (issue 31 §6): case files, checkpoints, options.
+"""Bad input that was accepted but meant nothing: case files, checkpoints, options.
 
 Each row of `ROWS` makes one such mistake and names the words of the one line that must explain
 it; `test_bad_input` checks every row as tests/test_bad_inputs.py does (`check_bad_input`: one

@@ -300,7 +300,7 @@ UNUSABLE, FAILING, REFUSED_RUN = 2, 1, 4
 
 # fmt: off
 BAD_INPUTS = [
-    # -- §1 results.csv taken on trust: rows that are not parity rows (exit 2) ------------------
+    # -- docs/reports.md §1 results.csv taken on trust: rows that are not parity rows (exit 2) ------------------
     Bad("review-verdict-unknown", review(edited(verdict="maybe")), ("results.csv line 2", "numerics/c0/eager rmse_vs_golden", "verdict 'maybe' is not one of pass, fail")),
     Bad("review-verdict-uppercase", review(edited(verdict="FAIL")), ("results.csv line 2", "verdict 'FAIL' is not one of")),
     Bad("review-verdict-empty", review(edited(verdict="")), ("results.csv line 2", "empty verdict")),
@@ -319,7 +319,7 @@ BAD_INPUTS = [
     Bad("review-run-json-device", review(run_json_says(device="cuda", device_name="NVIDIA H200")), ("run.json key 'device'", "says 'cuda', but the rows say 'cpu'")),
     Bad("review-run-json-target", review(run_json_says(target="my_engine:make")), ("run.json key 'target'", "says 'my_engine:make', but the rows say 'serving'")),
     Bad("review-run-json-torch", review(run_json_says(torch="2.11.0")), ("run.json key 'torch'", "says '2.11.0', but the rows say '2.13.0+cpu'")),
-    # -- §1 verdicts the rows' own numbers contradict (exit 1) ---------------------------------
+    # -- docs/reports.md §1 verdicts the rows' own numbers contradict (exit 1) ---------------------------------
     Bad("review-pass-above-bound", review(edited(value="5", threshold="1")), ("results.csv line 2", "recorded pass, derived fail: value 5 against at most 1 (lower is better)")),
     Bad("review-pass-below-higher-bound", review(edited(row="psnr_vs_golden", value="20.0")), ("results.csv line 4", "image/c1/eager psnr_vs_golden", "recorded pass, derived fail: value 20 against at least 40")),
     Bad("review-pass-not-equal", review(edited(row="killed", value="0")), ("results.csv line 6", "recorded pass, derived fail: value 0 against exactly 1")),
@@ -331,12 +331,12 @@ BAD_INPUTS = [
     Bad("review-tie-flip-within-bound", review(edited(row="ids_mismatch", verdict="tie_flip")), ("results.csv line 5", "recorded tie_flip, derived pass")),
     Bad("review-not-applicable-with-bound", review(edited(verdict="not_applicable", value="5e-8")), ("results.csv line 2", "recorded not_applicable, but the row holds a threshold")),
     Bad("review-skip-with-bound", review(edited(verdict="skip", value="5e-8")), ("results.csv line 2", "recorded skip, but the row holds a threshold")),
-    # -- §1 baselines, parsed strictly (exit 2) ------------------------------------------------
+    # -- docs/reports.md §1 baselines, parsed strictly (exit 2) ------------------------------------------------
     Bad("baseline-bound-bogus", with_baseline(baseline_made(bogus_bound)), ("cpu-fp32.csv line 3", "bound 'bogus' is not one of fixed, measured")),
     Bad("baseline-last-record-cut", with_baseline(baseline_made(cut_short)), ("cpu-fp32.csv line 7", "a record cut short")),
     Bad("baseline-value-not-a-number", with_baseline(baseline_made(value_not_a_number)), ("cpu-fp32.csv line 3", "value 'sixty' is not a number")),
     Bad("baseline-verdict-unknown", with_baseline(baseline_made(lambda t: t.replace(",pass,", ",passed,", 1))), ("cpu-fp32.csv line", "verdict 'passed' is not one of")),
-    # -- §2 --write-baseline writes exactly where told, never into a run (exit 2) --------------
+    # -- docs/reports.md §2 --write-baseline writes exactly where told, never into a run (exit 2) --------------
     Bad("write-baseline-into-the-run", write_baseline_to(lambda tmp, run: run / RESULTS_FILE), ("--write-baseline", "inside the run directory", "never written into a run")),
     Bad("write-baseline-eats-run-dir", write_baseline_to(lambda tmp, run: run / RESULTS_FILE, before_run_dir=True), ("--write-baseline", "inside the run directory", "put RUN_DIR before --write-baseline")),
     Bad("write-baseline-run-dir-as-path", write_baseline_to(lambda tmp, run: run, before_run_dir=True), ("--write-baseline", "a directory, not a baseline file")),
@@ -344,12 +344,12 @@ BAD_INPUTS = [
     Bad("write-baseline-over-results-forced", _forced, ("kept-results.csv", "a run's results file", "--force or not")),
     Bad("write-baseline-over-other-file", write_baseline_to(notes), ("notes.csv", "exists and is not a parity baseline")),
     Bad("write-baseline-through-link", write_baseline_to(link_to_notes), ("--write-baseline", "cpu-fp32.csv: a symbolic link")),
-    # -- §2 review/ is parity's, §3 no write through a link (exit 2) ---------------------------
+    # -- docs/reports.md §2: review/ is parity's; docs/reports.md §3: no write through a link (exit 2)
     Bad("review-dir-holds-user-files", review(user_files_in_review_dir), ("review: holds my-notes.md", "which parity review did not write")),
     Bad("review-dir-a-link", review(linked_review_dir), ("the page's figure directory review/ is a symbolic link",)),
     Bad("review-run-dir-a-link", review(linked_run_dir), ("the run directory is a symbolic link",)),
     Bad("review-results-a-link", review(linked_results), ("results.csv is a symbolic link",)),
-    # -- §2 a live run is never overwritten, appended to or shared; §3 links (exit 4) ----------
+    # -- docs/reports.md §2: a live run is never overwritten, appended to or shared; docs/reports.md §3: links (exit 4)
     Bad("run-overwrite-live", into_live_run("--overwrite"), ("--run-id 'r'", "is in use by a live run (process", "--overwrite would delete the rows it is writing")),
     Bad("run-append-live", into_live_run("--append"), ("--run-id 'r'", "is in use by a live run", "cannot add rows to it while it runs")),
     Bad("run-shared-with-live", into_live_run(), ("--run-id 'r'", "is in use by a live run", "two runs never share a directory")),

@@ -1,4 +1,4 @@
-"""Bad input of issue 31 §4 and §5: targets that slip past `parity check-target`, interruptions and
+"""Bad input of check-target and interruptions: targets that slip past `parity check-target`, interruptions and
 broken disks. Each row makes one mistake (a target that ends the process, hangs, leaves a thread
 running, hands back None or a result of another form; a signal to a running run; a disk that
 refuses rows) and names the words of the one line that must explain it, checked as
@@ -154,7 +154,7 @@ def signalled(name: str) -> Callable[[Path], Outcome]:
 
 # fmt: off
 BAD_TARGET_INPUTS = [
-    # -- §4: a target that ends the process, hangs or leaves threads: one line, within the time limit
+    # -- a target that ends the process, hangs or leaves threads: one line, within the time limit
     Bad("check-target-factory-sys-exit", check_target(f"{SLIPPERY}:exits"), ("the factory tests.slippery_targets:exits called sys.exit(0)", "a target must not end the process")),
     Bad("check-target-module-sys-exit", module_target("engine_exits", "import sys\nsys.exit(0)\n"), ("importing module 'engine_exits' called sys.exit(0)",)),
     Bad("check-target-factory-os-exit", check_target(f"{SLIPPERY}:exits_hard"), ("ended the check's process (exit code 0) in calling the factory tests.slippery_targets:exits_hard",)),
@@ -165,13 +165,13 @@ BAD_TARGET_INPUTS = [
     Bad("pytest-factory-sys-exit", resolve(f"{SLIPPERY}:exits"), ("--parity-target 'tests.slippery_targets:exits'", "called sys.exit(0)")),
     Bad("run-target-leaves-a-thread", parity_run("--target", f"{SLIPPERY}:leaves_a_thread"), ("does not conform", "left 1 non-daemon thread(s) running")),
     Bad("run-target-hangs", parity_run("--target", f"{SLIPPERY}:hangs", PARITY_CHECK_TARGET_TIMEOUT="4"), ("does not conform", "did not finish its check within 4 s")),
-    # -- §4: members that return the wrong thing, checked as the suites will use it
+    # -- members that return the wrong thing, checked as the suites will use it
     Bad("check-target-router-none", check_target(f"{SLIPPERY}:router_returns_none", "--suite", "routing"), ("target.router() returned None", "expected a router adapter")),
     Bad("check-target-router-dataclass", check_target(f"{SLIPPERY}:router_dataclass", "--suite", "routing"), ("must return the pair (weights, ids), plain or named", "RoutingOutput", "renormalize=True)"),),
     Bad("check-target-router-named-ids-first", check_target(f"{SLIPPERY}:router_named_ids_first", "--suite", "routing"), ("fields ('ids', 'weights')", "renormalize=True)"),),
     Bad("check-target-unknown-suite", check_target("serving", "--suite", "nope"), ("--suite 'nope': no such suite", "routing")),
     Bad("check-target-timeout-zero", check_target("serving", "--timeout", "0"), ("time-out 0.0", "seconds > 0")),
-    # -- §5: interruptions and broken disks
+    # -- interruptions and broken disks
     Bad("run-sighup", signalled("SIGHUP"), ("the run is interrupted (SIGHUP)", "summary below covers the rows written")),
     Bad("session-disk-full", full_disk(), ("the run is incomplete", "report row(s) could not be written", "No space left on device")),
     Bad("review-rows-not-written", review_of(incomplete_run), ("INCOMPLETE RUN", "the run was incomplete", "3 report row(s) could not be written")),

@@ -46,7 +46,7 @@ def write_run(run_dir: Path, frame: pd.DataFrame) -> Path:
     """A complete run (run.json says so: a baseline is never written from an incomplete one)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(run_dir / "results.csv", index=False)
-    write_run_info(run_dir, {"run_id": run_dir.name, "status": COMPLETE})
+    write_run_info(run_dir, {"run_id": str(frame["run_id"].iloc[0]), "status": COMPLETE})  # as its rows say
     return run_dir
 
 

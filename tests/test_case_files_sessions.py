@@ -1,4 +1,4 @@
-"""Case files in a pytest session of the suites (issue 31 §6), each in a fresh process: the suites'
+"""Case files in a pytest session of the suites, each in a fresh process: the suites'
 tables are loaded once per process, by the suites' conftest before pytest configures the session.
 
 - A case file that cannot be read blocks only the sessions that select a test reading it: a broken

@@ -1,4 +1,4 @@
-"""The documented contract (docs/targets.md), `parity check-target` and the suites agree (issue 31 §4).
+"""The documented contract (docs/targets.md), `parity check-target` and the suites agree.
 
 * Each form docs/targets.md §7 allows for a router's result (a plain `(weights, ids)` tuple, a
   NamedTuple with exactly those fields) passes check-target and the routing suite's contract row;
@@ -17,6 +17,9 @@ tests/test_bad_inputs_targets.py pass silently or lose its line.
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,14 +66,14 @@ def test_each_form_of_a_router_result_is_judged_alike(form: str) -> None:
 
 
 def _named_pair_only(result: Any) -> str | None:
-    """The suite's rule before issue 31: a named pair, nothing else."""
+    """The suite's rule before this check: a named pair, nothing else."""
     fields = getattr(result, "_fields", None)
     return None if fields == ("weights", "ids") else f"not the named pair (weights, ids): fields {fields}"
 
 
 def test_one_rule_is_what_makes_them_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     """The broken variant: the suite on its old rule rejects the documented plain pair that
-    check-target accepts (the 580 failing cases of issue 31)."""
+    check-target accepts (580 failing routing cases in a porter's run)."""
     monkeypatch.setattr(support, "router_result_problem", _named_pair_only)
     assert check_target_accepts("plain") and not suite_accepts("plain")
 
@@ -150,7 +153,7 @@ def _suites_by_family() -> dict[str, set[str]]:
 
 def test_check_target_plans_for_the_suites_that_exist() -> None:
     """`--suite` names and the plan come from conformance.FAMILIES / OTHER_SUITES: they must be the
-    suites the tests declare, per family (before issue 31 `sampler` and the AR `recompiles` were
+    suites the tests declare, per family (before this check `sampler` and the AR `recompiles` were
     missing: `check-target --suite sampler` probed nothing)."""
     assert set(KNOWN_SUITES) == _suites_declared()
     by_family = _suites_by_family()
@@ -164,7 +167,7 @@ def test_check_target_plans_for_the_suites_that_exist() -> None:
 
 
 def _in_this_process(spec: str, device: str = "cpu", suites: Any = (), **_: Any) -> Any:
-    """`start_check` as check-target was before issue 31: resolve and probe in the calling process."""
+    """`start_check` as check-target was before this check: resolve and probe in the calling process."""
 
     class Here:
         def wait(self, timeout: float) -> conformance.CheckOutcome:
@@ -211,13 +214,32 @@ SWITCH_OFF: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
 def test_the_checks_are_what_catch_these(row_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each check switched off (a broken variant of the harness): the row's mistake passes silently,
     or at least no longer gives its explaining line (with it on, tests/test_bad_inputs_targets.py
-    shows the row's line)."""
-    bad = row(row_id)
-    monkeypatch.chdir(tmp_path)
-    SWITCH_OFF[row_id](monkeypatch)
-    try:
-        code, output = (lambda o: (o.code, o.output))(bad.run(tmp_path))
-    except SystemExit as exc:  # sys.exit in the factory, obeyed: the command ends without a word
-        code, output = (exc.code if isinstance(exc.code, int) else 1), ""
-    explaining = [line for line in output.splitlines() if all(word in line for word in bad.expect)]
+    shows the row's line).
+
+    In a fresh interpreter: check-target forks its child only from a process with one thread (this
+    one may run a shared suites session beside the tests), and only a forked child sees the patch."""
+    del monkeypatch
+    script = (
+        "import json, sys; from tests.test_check_target_contract import variant_outcome; "
+        "print(json.dumps(variant_outcome(sys.argv[1], sys.argv[2])))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, row_id, str(tmp_path)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    code, output = json.loads(result.stdout.splitlines()[-1])
+    explaining = [line for line in output.splitlines() if all(word in line for word in row(row_id).expect)]
     assert code == 0 or not explaining, output
+
+
+def variant_outcome(row_id: str, tmp: str) -> tuple[int, str]:
+    """The row's exit code and output with its check switched off (`SWITCH_OFF`), in this process."""
+    tmp_path = Path(tmp)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        SWITCH_OFF[row_id](patch)
+        try:
+            outcome = row(row_id).run(tmp_path)
+        except SystemExit as exc:  # sys.exit in the factory, obeyed: the command ends without a word
+            return (exc.code if isinstance(exc.code, int) else 1), ""
+    return outcome.code, outcome.output

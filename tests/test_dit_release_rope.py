@@ -1,4 +1,4 @@
-"""RoPE table lengths of a release directory and the padded text length (issue 31 §7, docs/model.md §7, §10).
+"""RoPE table lengths of a release directory and the padded text length (docs/model.md §7, §10).
 
 Upstream's text-to-image path builds the transformer's RoPE tables from `gen_dit_config.axes_lens`,
 not from the composite config's `gen_axes_lens`: a release directory whose `gen_axes_lens` are

@@ -1,4 +1,4 @@
-"""Interruptions and broken disks (issue 31 §5): every way a run can be cut short ends with one line,
+"""Interruptions and broken disks: every way a run can be cut short ends with one line,
 the per-suite summary and a run.json that says what happened, and `--append` resumes.
 
 * Signals (real `parity run` processes, the selfcheck suite held at a known point by
@@ -66,7 +66,7 @@ def test_a_signal_ends_the_run_with_one_line_the_summary_and_its_status(names: t
 
 def test_without_the_guard_a_second_ctrl_c_loses_the_summary_and_the_status(tmp_path: Path) -> None:
     """The broken variant: every signal raises KeyboardInterrupt, the second one inside the end of
-    the session (what issue 31 saw as a traceback, no summary, run.json left running)."""
+    the session (what a tester saw: a traceback, no summary, run.json left running)."""
     result = signal_run(tmp_path, "SIGINT", "SIGINT", broken="every-signal-raises")
     assert ended_cleanly(result, "SIGINT") != []
 
@@ -95,7 +95,7 @@ def test_the_watch_takes_int_term_and_hup_and_stops_once() -> None:
 
 def test_without_sighup_in_the_watch_a_closed_terminal_is_not_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     """The broken variant of the check above: SIGHUP left to its default (the process dies and
-    run.json stays `running`, issue 31)."""
+    run.json stays `running`)."""
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL:
         pytest.skip("SIGHUP is not at its default in this process")
     monkeypatch.setattr(SignalWatch, "SIGNALS", ("SIGINT", "SIGTERM"))

@@ -1,4 +1,4 @@
-"""Remaking a checkpoint into the same directory (issue 31 §6, docs/checkpoints.md §5): the new
+"""Remaking a checkpoint into the same directory (docs/checkpoints.md §5): the new
 weight files replace the old ones as a whole, so both loaders of each family read exactly the new
 checkpoint whatever the shard sizes before and after. The broken variant (writing in place, as
 `make-checkpoint` did) leaves an old index or `model.safetensors` that the loaders read."""

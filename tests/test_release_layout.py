@@ -90,14 +90,14 @@ def test_tensors_the_ar_does_not_use_are_listed_and_a_missing_one_fails(
     assert code == 0, out + err
     assert "not used (vision tower: image understanding is out of parity's scope): llm_model.model.* (1)" in out
 
-    # a tensor no family knows is listed, and the serving loader refuses it by name (exit 1)
+    # a tensor no family knows is listed and never read: both loaders load the rest (docs/checkpoints.md §2)
     unknown = copy_dir(release_dir, tmp_path / "unknown")
     save_file({"other_model.x_embedder.weight": torch.zeros(2)}, str(unknown / "other.safetensors"))
     add_to_index(unknown, "other.safetensors", ["other_model.x_embedder.weight"])
     code, out, _ = run_parity(["inspect-checkpoint", str(unknown)], capsys)
-    assert code == 1
+    assert code == 0, out
     assert "tensors no family claims (1): other_model.x_embedder.* (1)" in out
-    assert "unexpected 1 tensor(s): other_model.x_embedder.weight" in out
+    assert "unexpected" not in out and "other_model.x_embedder.weight" not in out.replace("other_model.x_embedder.*", "")
 
     broken = copy_dir(release_dir, tmp_path / "broken")
     index_path = broken / "mammoth.safetensors.index.json"

@@ -1,4 +1,4 @@
-"""A release tensor no model family claims is listed and never read (issue 31 §6, docs/checkpoints.md §2):
+"""A release tensor no model family claims is listed and never read (docs/checkpoints.md §2):
 the built-in target and the reference load a release directory past it, AR and DiT alike, and
 `inspect-checkpoint` lists it. In parity's own layout the same name is refused as unexpected. The
 broken variant (the serving AR reading every name it does not know, as it did) refuses the release."""

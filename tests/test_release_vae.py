@@ -1,4 +1,4 @@
-"""A released directory's DiT decodes with its own VAE (issue 31 §7, docs/model.md §10): diffusers'
+"""A released directory's DiT decodes with its own VAE (docs/model.md §10): diffusers'
 `AutoencoderKL` built from `gen_vae_config` with the `gen_vae.*` tensors, in both packages.
 
 The directory is parity's tiny release-layout DiT with the stand-in decoder swapped for a tiny

@@ -1,4 +1,4 @@
-"""Grouped routing with groups of one expert and a correction bias (issue 31 §7, docs/routing.md §3).
+"""Grouped routing with groups of one expert and a correction bias (docs/routing.md §3).
 
 No group of one has two keys, so the sum-of-two group score is -inf everywhere and the kept groups
 would be the lowest ids: E 8, G 8, topk_group 4, k 2 chose experts [0, 1] whatever the logits.

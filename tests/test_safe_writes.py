@@ -38,7 +38,7 @@ def victim(tmp_path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
-# §3 No write follows a link: index.html's and run.json's temporary files, results.csv, the run dir
+# docs/reports.md §3 No write follows a link: index.html's and run.json's temporary files, results.csv, the run dir
 # ---------------------------------------------------------------------------------------------
 
 
@@ -125,7 +125,7 @@ def test_rows_are_never_written_through_a_linked_results_csv_or_run_dir(
 
 
 # ---------------------------------------------------------------------------------------------
-# §2 Every write is atomic: a baseline write killed half-way leaves the old baseline
+# docs/reports.md §2 Every write is atomic: a baseline write killed half-way leaves the old baseline
 # ---------------------------------------------------------------------------------------------
 
 
@@ -158,7 +158,7 @@ def test_a_baseline_write_killed_half_way_leaves_the_old_baseline(
 
 
 # ---------------------------------------------------------------------------------------------
-# §2 --write-baseline writes exactly where it is told, never into a run
+# docs/reports.md §2 --write-baseline writes exactly where it is told, never into a run
 # ---------------------------------------------------------------------------------------------
 
 
@@ -181,7 +181,7 @@ def test_write_baseline_never_rewrites_a_runs_own_results(broken: bool, tmp_path
 
 
 # ---------------------------------------------------------------------------------------------
-# §2 review/ is parity's: figures replaced, a user's files never taken
+# docs/reports.md §2 review/ is parity's: figures replaced, a user's files never taken
 # ---------------------------------------------------------------------------------------------
 
 
@@ -225,7 +225,7 @@ def test_review_dir_of_an_older_parity_is_replaced_and_lists_its_files(tmp_path:
 
 
 # ---------------------------------------------------------------------------------------------
-# §2 A run directory has an owner: a live run is never overwritten, appended to or shared
+# docs/reports.md §2 A run directory has an owner: a live run is never overwritten, appended to or shared
 # ---------------------------------------------------------------------------------------------
 
 

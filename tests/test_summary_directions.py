@@ -1,6 +1,6 @@
-"""The summary says which way a bound holds and what an interrupted sensitivity run left out
-(issue 31 §7): `block_compiles=2 (bound ≥ 1)` for a higher-is-better row, and a mutation score that
-counts the mutants that did not run."""
+"""The summary says which way a bound holds and what an interrupted sensitivity run left out:
+`block_compiles=2 (bound ≥ 1)` for a higher-is-better row, and a mutation score that counts the
+mutants that did not run."""
 
 from __future__ import annotations
 

@@ -265,8 +265,8 @@ def probe_report_dir(report_dir: Path, option: str) -> None:
 
 def claim_run_dir(run_dir: Path, *, overwrite: bool, append: bool, prefix: str = PYTEST_PREFIX) -> None:
     """Refuse, before anything is written, to mix two runs in one directory: a run directory that
-    is a symbolic link; one a live run owns (never overwritten, appended to or shared: docs/reports.md
-    §2); an existing run without `overwrite` (replace it) or `append` (add to it); a directory that
+    is a symbolic link; one a live run owns (never overwritten, appended to or
+    shared: docs/reports.md §2); an existing run without `overwrite` (replace it) or `append` (add to it); a directory that
     is not a parity run. Checks only: the session takes the claim (`take_run_dir`). `prefix`: how
     the options are spelt in the message (`parity-` for pytest, '' for `parity run`)."""
     run_id = f"--{prefix}run-id {run_dir.name!r}"
