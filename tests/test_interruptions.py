@@ -307,3 +307,31 @@ def test_a_test_whose_row_the_disk_refused_runs_again(tmp_path: Path) -> None:
     (run_dir / RESULTS_FILE).write_text((run_dir / RESULTS_FILE).read_text() + "r,selfcheck,cut")  # torn
     plan = resume_module.plan_resume(run_dir)
     assert plan.torn == 1 and plan.changes_results
+
+
+def test_an_interruption_pytest_cannot_format_still_ends_with_the_summary(pytester: pytest.Pytester) -> None:
+    """pytest's formatting of the interrupted traceback raising TypeError (Python 3.11, a frame
+    without a line number) must not replace the run's end with pytest's own traceback."""
+    pytester.makeconftest(
+        """
+import _pytest._code
+
+def _cannot_format(self, *args, **kwargs):
+    raise TypeError("unsupported operand type(s) for -: 'NoneType' and 'int'")
+
+_pytest._code.ExceptionInfo.getrepr = _cannot_format
+"""
+    )
+    pytester.makepyfile(
+        """
+import pytest
+
+@pytest.mark.suite("selfcheck")
+def test_interrupted():
+    raise KeyboardInterrupt
+"""
+    )
+    result = pytester.runpytest_subprocess("--parity-report-dir", str(pytester.path / "reports"))
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.INTERRUPTED, output
+    assert "TypeError" not in output and "Traceback" not in output, output

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,8 +120,36 @@ def usage_error(config: pytest.Config, message: str, items: list[pytest.Item]) -
     raise pytest.UsageError(message)
 
 
+class _InterruptRepr:
+    """pytest formats the interrupted traceback in `pytest_keyboard_interrupt`. On Python 3.11 a
+    signal that lands where a frame has no line number (`tb_lineno` None) makes that formatting
+    raise TypeError (the trace in pytest-dev/pytest-xdist#1196), and pytest's own traceback would
+    replace the run's end: the summary and the line that say the run is interrupted. Then Python's
+    own formatting of the traceback (which takes a missing line number) stands in for pytest's."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Iterator[None]:
+        try:
+            return (yield)
+        except TypeError:
+            terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+            if terminal is not None:  # pytest reports the interruption from this memo at the session's end
+                from _pytest._code.code import ReprExceptionInfo, ReprFileLocation, ReprTracebackNative
+
+                lines = traceback.format_exception(excinfo.value)
+                crash = ReprFileLocation(
+                    path="", lineno=0, message=f"{type(excinfo.value).__name__} (pytest could not format it)"
+                )
+                terminal._keyboardinterrupt_memo = ReprExceptionInfo(reprtraceback=ReprTracebackNative(lines), reprcrash=crash)
+            return None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     lanes.register_markers(config)
+    config.pluginmanager.register(_InterruptRepr(config), "parity-interrupt-repr")
     lanes.scope(config)  # a bad ini value is a usage error up front
     # oneDNN's ISA follows a forced ATEN_CPU_CAPABILITY and Inductor gets a cache per kernel set
     # (docs/cpu-kernels.md); only acts when ATEN_CPU_CAPABILITY is set, before any kernel runs.
