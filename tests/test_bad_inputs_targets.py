@@ -158,7 +158,7 @@ BAD_TARGET_INPUTS = [
     Bad("check-target-factory-sys-exit", check_target(f"{SLIPPERY}:exits"), ("the factory tests.slippery_targets:exits called sys.exit(0)", "a target must not end the process")),
     Bad("check-target-module-sys-exit", module_target("engine_exits", "import sys\nsys.exit(0)\n"), ("importing module 'engine_exits' called sys.exit(0)",)),
     Bad("check-target-factory-os-exit", check_target(f"{SLIPPERY}:exits_hard"), ("ended the check's process (exit code 0) in calling the factory tests.slippery_targets:exits_hard",)),
-    Bad("check-target-factory-hangs", check_target(f"{SLIPPERY}:hangs", "--timeout", "3"), ("did not finish its check within 3 s", "it hung in calling the factory tests.slippery_targets:hangs")),
+    Bad("check-target-factory-hangs", check_target(f"{SLIPPERY}:hangs", "--timeout", "10"), ("did not finish its check within 10 s", "it hung in calling the factory tests.slippery_targets:hangs")),
     Bad("check-target-router-hangs", check_target(f"{SLIPPERY}:router_hangs", "--suite", "routing", "--timeout", "8"), ("did not finish its check within 8 s", "router: target.router()")),
     Bad("check-target-leaves-a-thread", check_target(f"{SLIPPERY}:leaves_a_thread", "--suite", "selfcheck"), ("left 1 non-daemon thread(s) running", "'engine-loop'", "could never exit")),
     Bad("check-target-router-exits", check_target(f"{SLIPPERY}:router_exits", "--suite", "routing"), ("router: target.router() called sys.exit(3)",)),
