@@ -15,12 +15,14 @@ import warnings
 
 import torch
 
+from parity.contract import words
 from parity.runners.capture_isolated import CaptureCase
 from parity.target import load_target
 from reference_models.checkpoints import make_checkpoint
 
 ENV_TARGET, ENV_SEED, ENV_DEVICE = "PARITY_FC_TARGET", "PARITY_FC_SEED", "PARITY_FC_DEVICE"
 ENV_LAYOUT = "PARITY_FC_LAYOUT"
+PROBE_WORD = words("probe_warning_text")  # what a missing-probe warning must say (docs/targets.md §2.1)
 
 
 def _checkpoint():
@@ -65,7 +67,7 @@ def count_missing_probe_warnings(calls: int = 25) -> tuple[int, int]:
             warnings.simplefilter("always")
             for forward in forwards:
                 forward(ids)
-        return sum("probe" in str(w.message).lower() for w in caught)
+        return sum(PROBE_WORD in str(w.message).lower() for w in caught)
 
     first = count([adapter.forward] * calls)
     second = target.load_ar(_checkpoint(), device, torch.float32)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from parity.compare import AT_MOST, count_rule, diff, equality_rule, flag_rule
+from parity.contract import requirement
 from parity.runners import make_runner
 from parity.suites.ar.decode import DecodeGraphs
 from parity.suites.ar.support import (
@@ -187,7 +188,8 @@ def test_keyed_decode_graphs_route_as_reference(mode: str, ar_models, report) ->
     require_graph_support(models.target, mode)
     skip_full_size_compile(models, mode)
     if not getattr(models.target, "decode_graph_keys", None):
-        pytest.skip(f"the {models.target.name} target declares no mask-keyed decode graphs (decode_graph_keys)")
+        keys = requirement("decode_graph_keys")
+        pytest.skip(f"the {models.target.name} target declares no {keys.rule} ({keys.words}, {keys.cite})")
     target = models.target
     taps = moe_taps(target)
     for site in target.moe_sites():

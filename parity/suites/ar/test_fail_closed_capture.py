@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from parity.compare import AT_LEAST, EXACTLY, count_rule, diff, flag_rule, threshold_rule
+from parity.contract import REFUSAL_PHRASES, requirement
 from parity.env import PROJECT_ROOT
 from parity.runners import CaptureError, make_runner
 from parity.suites.ar import fail_closed_cases
@@ -26,11 +27,8 @@ from parity.suites.conftest import require_graph_support
 
 pytestmark = pytest.mark.suite("fail_closed_capture")
 
-REQUIRED_PHRASES = {
-    "offers_enforce_eager": "enforce_eager",
-    "says_piecewise_is_not_a_workaround": "PIECEWISE is not a workaround",
-    "names_the_layer": "model.layers.",
-}
+# What the refusal must contain, by row metric: the words of docs/targets.md §3.1 (parity.contract).
+REQUIRED_PHRASES = REFUSAL_PHRASES
 
 
 def _record_refusal(report, target, mode: str, refused: bool, message: str, kind: str) -> None:
@@ -46,7 +44,7 @@ def _record_refusal(report, target, mode: str, refused: bool, message: str, kind
     for metric, phrase in REQUIRED_PHRASES.items():
         present = phrase in message
         report.verdict(
-            flag_rule(present, metric=metric, detail=f"looked for {phrase!r} in the refusal"),
+            flag_rule(present, metric=metric, detail=f"looked for {phrase!r} in the refusal ({requirement(metric).cite})"),
             case="capture-without-mask",
             mode=mode,
             better="equal",
@@ -121,6 +119,8 @@ def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, t
     warning) add none. A "once" kept per model instance passes the first count and fails the
     second; one kept per layer or per call fails the first."""
     require_graph_support(ar_models.target, "cpu_graph")
+    asked, warns = requirement("is_capturing_every_forward"), requirement("probe_warning_text")
+    contract = f"`{asked.words}` {asked.rule}; the registry {warns.rule} ({asked.cite})"
     where = dict(case="missing-probe-warn-once")
     if record_policy_not_applicable(report, target, "probe_warning", metrics=["missing_probe_warnings"], **where):
         return
@@ -137,7 +137,7 @@ def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, t
             1,
             metric="missing_probe_warnings",
             at=EXACTLY,
-            detail="25 forwards of one model instance on a backend whose probe was removed, fresh process",
+            detail=f"25 forwards of one model instance on a backend whose probe was removed, fresh process: {contract}",
         ),
         case="missing-probe-warn-once",
         better="equal",
@@ -149,7 +149,7 @@ def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, t
             metric="missing_probe_warnings",
             at=EXACTLY,
             detail="then 27 forwards alternating between that instance, a second one and a third built after the "
-            "process warned: the warning is once per process, not once per model instance",
+            f"process warned: the warning is once per process, not once per model instance ({warns.cite})",
         ),
         case="missing-probe-warn-once-per-process",
         better="equal",
@@ -162,13 +162,15 @@ def test_requires_raw_input_tokens(ar_models, report, target) -> None:
     models = ar_models
     require_graph_support(models.target, "cpu_graph")
     holders = [type(models.target.module), *getattr(models.target, "ar_wrapper_classes", lambda: [])()]
-    policy = "raw_input_tokens_attribute"
+    policy, raw = "raw_input_tokens_attribute", requirement("raw_input_tokens")
     if record_policy_not_applicable(report, target, policy, metrics=["requires_raw_input_tokens"], case="attribute"):
         holders = []
     for holder in holders:
         value = getattr(holder, "requires_raw_input_tokens", False) is True
         report.verdict(
-            flag_rule(value, metric="requires_raw_input_tokens", detail=holder.__qualname__),
+            flag_rule(
+                value, metric="requires_raw_input_tokens", detail=f"{holder.__qualname__}: {raw.words} {raw.rule} ({raw.cite})"
+            ),
             case=f"attribute-{holder.__name__}",
             better="equal",
         )
@@ -203,10 +205,11 @@ def test_pipeline_factory_seeds_gen_token_mask(ar_models, report, target) -> Non
     where = dict(case="pp-empty-intermediate-tensors")
     if record_policy_not_applicable(report, target, "pipeline_parallel_factory", metrics=["factory_installed"], **where):
         return
+    seeds = requirement("pipeline_factory")
     factory = getattr(models.target.module, "make_empty_intermediate_tensors", None)
     if factory is None:
         report.verdict(
-            flag_rule(False, metric="factory_installed", detail="the module has no make_empty_intermediate_tensors"),
+            flag_rule(False, metric="factory_installed", detail=f"the module has no {seeds.words} ({seeds.cite})"),
             case="pp-empty-intermediate-tensors",
             better="equal",
         )
@@ -216,7 +219,7 @@ def test_pipeline_factory_seeds_gen_token_mask(ar_models, report, target) -> Non
     ok = mask is not None and mask.dtype == torch.bool and mask.shape[0] == 3 and not bool(mask.any())
     detail = "missing" if mask is None else f"{mask.dtype} {tuple(mask.shape)}"
     report.verdict(
-        flag_rule(ok, metric="gen_token_mask_seeded", detail=f"gen_token_mask: {detail}"),
+        flag_rule(ok, metric="gen_token_mask_seeded", detail=f"gen_token_mask: {detail}; {seeds.rule} ({seeds.cite})"),
         case="pp-empty-intermediate-tensors",
         better="equal",
     )

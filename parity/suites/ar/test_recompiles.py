@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from parity.compare import AT_MOST, EXACTLY, PASS, count_rule, flag_rule
+from parity.contract import requirement
 from parity.observe.compile_ledger import CompileEvent, CompileLedger, code_label, code_of, short_reason
 from parity.runners import make_runner
 from parity.suites.ar.support import CASES, ARModels, RecompileLattice
@@ -31,6 +32,7 @@ from parity.suites.conftest import require_graph_support
 pytestmark = pytest.mark.suite("recompiles")
 
 LATTICE: RecompileLattice = CASES["recompiles"]
+COMPILE = requirement("compile_settings")  # make_runner("compiled")'s defaults, as docs/targets.md §2.2 states them
 
 
 def shape_name(batch: int, length: int) -> str:
@@ -101,7 +103,7 @@ def test_no_forward_recompile_after_warm_up(ar_models: ARModels, report, setting
                         metric="new_compiles",
                         at=EXACTLY,
                         detail=f"warm-up: expected {warm.expected_compiles} ({warm.reason}); seen: {seen}; "
-                        f"backend {LATTICE.backend} ({LATTICE.backend_reason})",
+                        f"compiled {COMPILE.words}, backend {LATTICE.backend} ({LATTICE.backend_reason}; {COMPILE.cite})",
                     ),
                     case=case,
                     site=site,

@@ -29,6 +29,7 @@ from torch import nn
 
 from parity.cases import Count, NonNegative, Range, Seed, Steps, Table, check_safe_name, load_case_file
 from parity.compare.images import psnr
+from parity.contract import requirement
 from parity.observe.compile_ledger import CompileLedger, short_reason  # noqa: F401 - re-exported for the DiT suites
 from parity.observe.regional import compile_repeated_blocks
 from parity.target import family_gap
@@ -393,6 +394,7 @@ def image_path(run_dir: Path, case: str, variant: str) -> Path:
 # The compiled-vs-eager checks exist for Inductor: its fused kernels (FMAs, reordered reductions)
 # are what can move the numbers; a cheaper backend would compare eager with eager.
 COMPARE_BACKEND = "inductor"
+COMPILE, REGIONAL = requirement("compile_settings"), requirement("regional_compile")
 
 
 def record_regional(report: Any, regional: Any, backend: str) -> bool:
@@ -404,7 +406,7 @@ def record_regional(report: Any, regional: Any, backend: str) -> bool:
         value=regional.count,
         threshold=1,
         verdict=row["verdict"],
-        detail=f"{row['detail']}; fullgraph=True dynamic=True backend={backend}",
+        detail=f"{row['detail']}; {COMPILE.words}, backend={backend} ({REGIONAL.words}, {REGIONAL.cite}; {COMPILE.cite})",
         better="higher",
     )
     return regional.count >= 1
