@@ -20,6 +20,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from parity import import_check  # noqa: F401 - first: a shadowed `parity` is one line, not an ImportError deep in the harness
+
+# isort: split
 from parity import env
 from parity.conformance import KNOWN_SUITES, UNRESOLVED, CheckProcess, check_timeout, start_check, unknown_suites
 from parity.plugin.options import (
@@ -451,11 +454,11 @@ def _after_pytest(args: argparse.Namespace, run_dir: Path, argv: list[str], code
             "`parity review` will too",
             file=sys.stderr,
         )
-    result = outcome(run_dir)
+    result, rows = outcome(run_dir), read_results(run_dir)
     print("\nparity summary")
-    print(format_summary(result.summary))
+    print(format_summary(result.summary, rows))
     print(f"\n{result.rows} rows: {run_dir / 'results.csv'}")
-    score = mutation_score(read_results(run_dir))
+    score = mutation_score(rows)
     if score is not None:
         print(score.line())
     try:

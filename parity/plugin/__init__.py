@@ -21,15 +21,20 @@ import contextlib
 import dataclasses
 import sys
 import traceback
+import types
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from parity import import_check  # noqa: F401 - first: a shadowed `parity` is one line, not an ImportError deep in the harness
+
+# isort: split
 from parity import env
 from parity.cases import CaseFileError, add_case_dirs, defer_errors, unreadable_case_files
 from parity.compare import ERROR, FAIL, SKIP
 from parity.plugin import lanes
+from parity.plugin import report_fixture as report_fixture_module
 from parity.plugin.options import add_pytest_options
 from parity.plugin.report_fixture import (  # noqa: F401 - fixtures are found in the plugin's namespace
     REPORT,
@@ -226,14 +231,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         lanes.set_cpu_threads()
 
 
-def _deselect_resumed(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """An appended session does not run again the tests whose rows the run already holds
-    (`parity.plugin.resume`: decided by the controller, handed to xdist workers)."""
+def resumed_test_ids(config: pytest.Config) -> set[str]:
+    """The `test` ids whose rows an appended run already holds (`parity.plugin.resume`: decided by
+    the controller, handed to xdist workers); empty for a new run."""
     if _is_worker(config):
-        done = set(config.workerinput.get(WORKER_RESUME_DONE, ()))
-    else:
-        plan = config.stash.get(RESUME, None)
-        done = set(plan.done) if plan is not None else set()
+        return set(config.workerinput.get(WORKER_RESUME_DONE, ()))
+    plan = config.stash.get(RESUME, None)
+    return set(plan.done) if plan is not None else set()
+
+
+def writes_session_rows(config: pytest.Config) -> bool:
+    """Whether this process writes the rows a session writes once (not per test): the serial
+    session, or the first xdist worker (every worker collects the same tests)."""
+    return not _is_worker(config) or config.workerinput.get("workerid") == "gw0"
+
+
+def _deselect_resumed(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An appended session does not run again the tests whose rows the run already holds."""
+    done = resumed_test_ids(config)
     if not done:
         return
     skip = [item for item in items if item.nodeid in done]
@@ -388,14 +403,70 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[Any]:
     return collected
 
 
+_PLUGIN_FILES = (__file__, report_fixture_module.__file__, contextlib.__file__)
+
+
+def _suite_traceback(item: pytest.Item, frame: types.FrameType | None) -> types.TracebackType | None:
+    """A traceback from the test function down to the suite code in `frame` (the check that is
+    recording a row), without the plugin's own frames; None when no frame of the suite is found.
+    Built while the frames still run, so each entry holds the line executing then."""
+    frames = []
+    test_code = getattr(getattr(item, "function", None), "__code__", None)
+    while frame is not None:
+        if frame.f_code.co_filename not in _PLUGIN_FILES:
+            frames.append(frame)
+        if frame.f_code is test_code:
+            break
+        frame = frame.f_back
+    else:  # recorded outside the test function (a fixture): the recording frame alone
+        frames = frames[:1]
+    tb = None
+    for frame in frames:  # innermost first: each entry's next is the one it called
+        tb = types.TracebackType(tb, frame, frame.f_lasti, frame.f_lineno)
+    return tb
+
+
+def _remember_where_rows_fail(item: pytest.Item, rep: SuiteReport) -> None:
+    """Note, for the test's first failing gate row, where the suite recorded it (and the exception
+    being handled then: a target's, caught by `report.guard`), so the failure pytest prints at the
+    end of the test points at the suite's check and the target's frame, not at this plugin."""
+    record = rep.record
+
+    def record_noting_where(**fields: Any) -> dict[str, Any]:
+        row = record(**fields)
+        if row["kind"] == "gate" and row["verdict"] in (FAIL, ERROR) and _FAILED_AT not in vars(rep):
+            vars(rep)[_FAILED_AT] = (_suite_traceback(item, sys._getframe(1)), sys.exc_info()[1])
+        return row
+
+    rep.record = record_noting_where  # type: ignore[method-assign] - this test's report only
+
+
+_FAILED_AT = "_parity_failed_at"  # SuiteReport attribute: (traceback, exception handled) of its first failing row
+
+
+def _forget_where_rows_fail(rep: SuiteReport | None) -> tuple[types.TracebackType | None, BaseException | None]:
+    """Put the report's own `record` back; the traceback and exception noted for its first failing
+    row (None, None when none failed)."""
+    if rep is None:
+        return None, None
+    vars(rep).pop("record", None)
+    return vars(rep).pop(_FAILED_AT, (None, None))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """Every failure reaches the CSV: a raised check becomes an `error` row, a bare assert a `fail`
-    row, and a recorded failing row fails a test that would otherwise have passed."""
+    row, and a recorded failing row fails a test that would otherwise have passed. The failure shows
+    the suite's frames (the test function down to the check that recorded the first failing row)
+    and the target's when it raised; this wrapper's frame is hidden (`__tracebackhide__`)."""
+    __tracebackhide__ = True
+    rep = item.stash.get(REPORT, None)
+    if rep is not None:
+        _remember_where_rows_fail(item, rep)
     try:
         result = yield
     except BaseException as exc:
-        rep = item.stash.get(REPORT, None)
+        _forget_where_rows_fail(rep)
         # An interruption, a deliberate pytest.exit or a row the disk refused is no error of the check.
         quiet = (pytest.skip.Exception, pytest.exit.Exception, KeyboardInterrupt, RowNotWritten)
         if rep is not None and not rep.failures and not isinstance(exc, quiet):
@@ -408,9 +479,9 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
                 detail=message.replace("\n", " | ")[:2000],
             )
         raise
-    rep = item.stash.get(REPORT, None)
+    where, cause = _forget_where_rows_fail(rep)
     if rep is not None and rep.failures:
-        raise AssertionError(rep.failure_text())
+        raise AssertionError(rep.failure_text()).with_traceback(where) from cause
     return result
 
 
@@ -504,7 +575,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     frame = read_results(session.run_dir)
     terminalreporter.section("parity report")
-    terminalreporter.write_line(format_summary(summarize(frame, config.stash.get(SUITE_SECONDS, None))))
+    terminalreporter.write_line(format_summary(summarize(frame, config.stash.get(SUITE_SECONDS, None)), frame))
     terminalreporter.write_line(f"{len(frame)} rows in {session.run_dir / RESULTS_FILE}")
     unwritten = _unwritten(config)
     if unwritten["count"]:

@@ -189,6 +189,8 @@ class RunSession:
         info["checkpoint_layout"] = self.checkpoint_layout
         try:
             info["target_provenance"] = env.target_provenance(self.target, factory_path(self.target))
+            if TARGET in config.stash:  # resolved before the first row: its name keys its baselines (docs/reports.md)
+                info["target_provenance"]["name"] = str(config.stash[TARGET].name)
         except TargetError as exc:  # an unknown spec: the run stops on it elsewhere; say what was asked
             info["target_provenance"] = {"spec": self.target, "error": str(exc)}
         if self.cases_dirs:

@@ -175,14 +175,15 @@ def source_device_kind(source: str | Path, frame: pd.DataFrame) -> str | None:
     if source.parent.name != BASELINE_DIR.name:
         return None
     stem = source.name.removesuffix(".gz").removesuffix(".csv")
-    if config["target"] != DEFAULT_TARGET:  # `<device kind>-<dtype>-<target>.csv`
-        stem = stem.removesuffix(f"-{target_slug(config['target'])}")
-    kind, _, dtype = stem.rpartition("-")
-    return kind if kind and dtype == config["dtype"] else None
+    # `<device kind>-<dtype>.csv`; any other target's `<device kind>-<dtype>-<target name or spec>.csv`
+    kind, dtype, rest = stem.partition(f"-{config['dtype']}")
+    named = rest == "" or (config["target"] != DEFAULT_TARGET and rest.startswith("-"))
+    return kind if kind and dtype and named else None
 
 
 # The built-in target's baselines keep their short names (`cpu-fp32.csv`); every other target's
-# file carries the target in its name, so a porter's run never lands on the built-in one.
+# file carries the target's declared name in its name (docs/reports.md "Migrating"), so a porter's
+# run never lands on the built-in one.
 DEFAULT_TARGET = "serving"
 
 
@@ -191,13 +192,37 @@ def target_slug(target: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]+", "-", target).strip("-.") or "target"
 
 
+def target_name(info: dict[str, Any]) -> str:
+    """The name the run's target declares (its `name` attribute, in run.json's `target_provenance`);
+    '' for a run recorded before parity kept it, or whose target could not be resolved."""
+    provenance = info.get("target_provenance")
+    name = provenance.get("name") if isinstance(provenance, dict) else None
+    return name if isinstance(name, str) else ""
+
+
 def default_baseline_path(run_dir: str | Path, frame: pd.DataFrame, baseline_dir: Path = BASELINE_DIR) -> Path:
     """`reports/baselines/<device kind>-<dtype>.csv` (of the working directory) for a run of the
-    built-in target in `run_dir`; `<device kind>-<dtype>-<target>.csv` for any other target."""
+    built-in target in `run_dir`; `<device kind>-<dtype>-<name>.csv` for any other target, keyed by
+    the `name` the target declares (run.json), so renaming its adapter module keeps its baseline;
+    a run that recorded no name is keyed by its `--target` value (`spec_baseline_path`)."""
     config = run_config(frame, str(run_dir))
     info = read_run_info(Path(run_dir)) if Path(run_dir).is_dir() else {}
+    key = target_name(info) or config["target"]
+    return _baseline_path(config, info, key, baseline_dir)
+
+
+def spec_baseline_path(run_dir: str | Path, frame: pd.DataFrame, baseline_dir: Path = BASELINE_DIR) -> Path:
+    """Where parity kept the run's baseline before it keyed them by the target's name: the file
+    named from the `--target` value (`<device kind>-<dtype>-my_engine.parity_target-make_target.csv`).
+    `parity review` falls back to it, and says so (docs/reports.md "Migrating")."""
+    config = run_config(frame, str(run_dir))
+    info = read_run_info(Path(run_dir)) if Path(run_dir).is_dir() else {}
+    return _baseline_path(config, info, config["target"], baseline_dir)
+
+
+def _baseline_path(config: dict[str, str], info: dict[str, Any], key: str, baseline_dir: Path) -> Path:
     kind = device_kind(config["device"], str(info.get("device_name", "")))
-    suffix = "" if config["target"] == DEFAULT_TARGET else f"-{target_slug(config['target'])}"
+    suffix = "" if config["target"] == DEFAULT_TARGET else f"-{target_slug(key)}"
     return Path(baseline_dir).absolute() / f"{kind}-{config['dtype']}{suffix}.csv"
 
 

@@ -37,9 +37,10 @@ from parity.report.baseline import (
     device_kind,
     format_comparison,
     load_rows,
-    row_location,
     run_config,
     source_device_kind,
+    spec_baseline_path,
+    target_name,
 )
 from parity.report.rows import (
     COMPLETE,
@@ -103,6 +104,7 @@ class Review:
     info: dict[str, Any]
     comparison: Comparison | None = None
     baseline_note: str = ""
+    baseline_migration: str = ""  # the baseline was found under its old name, or made with another --target value
     incomplete: list[str] = dataclasses.field(default_factory=list)  # why the run is not whole, one line each
     audit: Audit | None = None  # what the audit of results.csv found (None: not audited)
     rule_changes: list[Problem] = dataclasses.field(default_factory=list)  # gate rows whose rule changed against the baseline
@@ -165,7 +167,9 @@ def load_review(
     baseline_dir: Path = BASELINE_DIR,
 ) -> Review:
     """Read `run_dir` and compare it with `baseline` (a run directory or CSV) or, when none is given
-    and `use_default_baseline`, with `baseline_dir/<device kind>-<dtype>.csv` if that exists."""
+    and `use_default_baseline`, with `baseline_dir/<device kind>-<dtype>.csv` if that exists (another
+    target's `<device kind>-<dtype>-<name>.csv`, or, not yet renamed, its file named by the `--target`
+    value: docs/reports.md "Migrating")."""
     run_dir = Path(run_dir)
     refuse_link(run_dir, "the run directory")
     if not run_dir.is_dir():
@@ -177,14 +181,24 @@ def load_review(
     review.audit = audit_file(run_dir, info)
     if review.unusable:
         return review  # not one run's parity rows: nothing below would mean anything
+    by_name = False  # the baseline was found by the target's declared name (docs/reports.md "Migrating")
     if baseline is None and use_default_baseline and not frame.empty:
         candidate = default_baseline_path(run_dir, frame, baseline_dir)
+        old_name = spec_baseline_path(run_dir, frame, baseline_dir)
         if candidate.exists():
-            baseline = candidate
+            baseline, by_name = candidate, old_name != candidate
+        elif old_name != candidate and old_name.exists():
+            baseline = old_name
+            review.baseline_migration = (
+                f"baseline {old_name}: used under its old name (from the --target value); a target's baselines are now "
+                f"named by the name it declares ({target_name(info)!r}): rename it: mv {old_name} {candidate}"
+            )
         else:
             review.baseline_note = f"no baseline for this device kind, dtype and target at {candidate}"
     if baseline is not None:
         rows = load_rows(baseline, strict=True)
+        if by_name:
+            rows = _same_target_renamed(rows, frame, review)
         run_kind = None
         if not frame.empty:
             run_kind = device_kind(run_config(frame, str(run_dir))["device"], str(info.get("device_name", "")))
@@ -195,6 +209,21 @@ def load_review(
         )
         review.rule_changes = rule_changes(rows, frame, ROW_KEYS, str(baseline))
     return review
+
+
+def _same_target_renamed(rows: pd.DataFrame, frame: pd.DataFrame, review: Review) -> pd.DataFrame:
+    """A baseline found by the target's declared name whose rows name another `--target` value (the
+    adapter module was renamed, the target is the same): compared as this run's target, said in one
+    line. Rows of another device, dtype or size stay a mismatch the comparison refuses."""
+    specs = sorted(set(rows["target"]) - {""})
+    spec = str(frame["target"].iloc[0])
+    if len(specs) != 1 or specs[0] == spec:
+        return rows
+    review.baseline_migration = (
+        f"baseline rows were made with --target {specs[0]}; this run's --target {spec} declares the same name "
+        f'({target_name(review.info)!r}): compared as one target (docs/reports.md "Migrating")'
+    )
+    return rows.assign(target=spec)
 
 
 _process_alive = process_alive  # the run.json check, where no claim file says more
@@ -243,17 +272,48 @@ def completeness(run_dir: Path, info: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _row_line(row: pd.Series) -> str:
-    value = "" if pd.isna(row["value"]) else f"{row['value']:.4g}"
-    bound = "no bound" if pd.isna(row["threshold"]) else f"threshold {row['threshold']:.4g} ({row['better'] or 'n/a'} is better)"
-    detail = f": {row['detail']}" if row["detail"] else ""
+# Rows that differ only in their mode are one line of the review: one defect seen in every mode.
+GROUP_KEYS = ("suite", "case", "site", "metric", "verdict")
+
+
+def group_across_modes(rows: pd.DataFrame) -> list[pd.DataFrame]:
+    """`rows` (in review order) in groups that differ only in `mode`, in the order of each group's
+    first row; within a group the rows keep review order, so the first is the worst (the most of
+    its bound used)."""
+    if rows.empty:
+        return []
+    keys = list(GROUP_KEYS)
+    return [group for _, group in rows.groupby(keys, sort=False, dropna=False)]
+
+
+def group_modes(group: pd.DataFrame) -> list[str]:
+    """The modes of a group, in the order their rows were written (`-` for a row without one)."""
+    modes = group.sort_index()["mode"]
+    return list(dict.fromkeys("-" if pd.isna(mode) or mode == "" else str(mode) for mode in modes))
+
+
+def _group_line(group: pd.DataFrame) -> str:
+    """One line for rows of one check that differ only in mode: the modes, the worst value and its
+    bound, how many rows the line stands for, and the worst row's detail."""
+    worst = group.iloc[0]
+    site = f" @{worst['site']}" if worst["site"] else ""
+    value = "" if pd.isna(worst["value"]) else f"{worst['value']:.4g}"
+    if value and len(group) > 1:
+        value = f"worst {value}"
+    bound = "no bound" if pd.isna(worst["threshold"]) else f"bound {worst['threshold']:.4g}, {worst['better'] or 'n/a'} is better"
+    rows = f"; {len(group)} rows" if len(group) > 1 else ""
+    detail = f": {worst['detail']}" if worst["detail"] else ""
     if len(detail) > 200:
         detail = detail[:197] + "..."
-    return f"  {row['verdict']:<8} {row_location(row)}={value} {bound}{detail}"
+    where = f"{worst['suite']}/{worst['case']}{site} {worst['metric']} [{', '.join(group_modes(group))}]"
+    value = f" {value}" if value else ""
+    return f"  {worst['verdict']:<8} {where}{value} ({bound}{rows}){detail}"
 
 
 def format_review(review: Review, *, show_all: bool = False, limit: int = 20) -> str:
-    """Terminal text: per suite (failing suites first) its counts and failing rows, then the baseline."""
+    """Terminal text: per suite (failing suites first) its counts and failing rows, then the baseline.
+    Rows that differ only in mode are one line naming the modes, with the worst value and the
+    number of rows (`group_across_modes`); at most `limit` lines per suite."""
     frame = review.frame
     config = ", ".join(f"{k} {review.info.get(k) or _one(frame, k)}" for k in ("target", "device", "dtype", "size") if k in frame)
     lines = [f"{review.title} ({config}; git {review.info.get('git_sha', '?')}; torch {review.info.get('torch', '?')})", ""]
@@ -265,7 +325,7 @@ def format_review(review: Review, *, show_all: bool = False, limit: int = 20) ->
         lines.append(f"AUDIT: {len(review.disagreements)} row(s) whose recorded verdict or rule their own numbers contradict:")
         lines += [f"  {line}" for line in shown_lines(review.disagreements, limit)]
         lines.append("")
-    lines += [format_summary(review.summary), ""]
+    lines += [format_summary(review.summary, frame), ""]
     summary = review.summary
     summary = failing_suites_first(summary)
     for _, suite_row in summary.iterrows():
@@ -278,11 +338,16 @@ def format_review(review: Review, *, show_all: bool = False, limit: int = 20) ->
             continue
         header = f"{suite}: {suite_row['cases']} cases, {suite_row['fail']} fail, {suite_row['error']} error, {suite_row['tie_flip']} tie_flip, {suite_row['not_applicable']} not_applicable, {suite_row['skip']} skip"
         lines.append(header)
-        for _, row in shown.head(limit).iterrows():
-            lines.append(_row_line(row))
-        if len(shown) > limit:
-            lines.append(f"  ... {len(shown) - limit} more rows (all of them: {review.run_dir / RESULTS_FILE})")
+        groups = group_across_modes(shown)
+        lines += [_group_line(group) for group in groups[:limit]]
+        if len(groups) > limit:
+            rest = sum(len(group) for group in groups[limit:])
+            lines.append(
+                f"  ... {len(groups) - limit} more lines ({rest} rows across modes; all of them: {review.run_dir / RESULTS_FILE})"
+            )
     lines.append("")
+    if review.baseline_migration:
+        lines += [review.baseline_migration, ""]
     if review.comparison is not None:
         lines += [format_comparison(review.comparison, limit=limit), ""]
     elif review.baseline_note:
