@@ -32,39 +32,22 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
-from parity.target import ENGINE_POLICIES, CaptureRegistry, TargetError, exit_text, missing_members, resolve_target
+from parity.target import (
+    ENGINE_POLICIES,
+    FAMILIES,
+    SUITES_WITHOUT_FAMILY,
+    CaptureRegistry,
+    Family,
+    SuitePlan,
+    TargetError,
+    exit_text,
+    missing_members,
+    resolve_target,
+    suite_plan,
+)
 
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """A model family: the target members that provide it, its probe, and the suites that need it."""
-
-    name: str
-    members: tuple[str, ...]
-    probe: str  # "module:function", called as probe(target, device) -> list of checks done
-    suites: tuple[str, ...]
-
-
-FAMILIES: dict[str, Family] = {
-    "ar": Family(
-        "AR",
-        ("load_ar", "build_ar"),
-        "parity.suites.ar.conformance:probe",
-        ("expert_selection", "fail_closed_capture", "embedding_clamp", "numerics", "decode", "weight_coverage", "recompiles"),
-    ),
-    "dit": Family(
-        "DiT", ("load_dit", "build_dit"), "parity.suites.dit.conformance:probe", ("recompiles", "numerics", "image", "sampler")
-    ),
-    "routing": Family("routing", ("router",), "parity.suites.routing.conformance:probe", ("routing",)),
-}
-# Suites that need no model family of the target.
-OTHER_SUITES = {
-    "selfcheck": lambda spec: "",
-    "sensitivity": lambda spec: "" if spec == "serving" else "the mutant catalogue mutates the built-in serving target",
-    "benchmark": lambda spec: "only with --benchmarks",
-}
 # Every report suite a test under parity/suites/ declares (`pytest.mark.suite`): what `--suite` may name.
-KNOWN_SUITES = tuple(dict.fromkeys([s for f in FAMILIES.values() for s in f.suites] + list(OTHER_SUITES)))
+KNOWN_SUITES = tuple(dict.fromkeys([s for f in FAMILIES.values() for s in f.suites] + list(SUITES_WITHOUT_FAMILY)))
 
 
 def unknown_suites(suites: Iterable[str]) -> list[str]:
@@ -94,6 +77,7 @@ class Conformance:
     problems: list[str]
     families: list[FamilyResult]
     policies: dict[str, str]
+    plan: list[SuitePlan]  # `parity.target.suite_plan`: what the run selects
 
     @property
     def ok(self) -> bool:
@@ -101,15 +85,6 @@ class Conformance:
 
     def all_problems(self) -> list[str]:
         return self.problems + [p for f in self.families for p in f.problems]
-
-    def suite_plan(self) -> list[tuple[str, str, str]]:
-        """(suite, family, reason it skips or '') for every suite, in run order."""
-        plan: list[tuple[str, str, str]] = []
-        for result in self.families:
-            reason = "" if result.provided else result.reason
-            plan += [(suite, result.family.name, reason) for suite in result.family.suites]
-        plan += [(suite, "-", why(self.spec)) for suite, why in OTHER_SUITES.items()]
-        return plan
 
     def text(self) -> str:
         lines = [f"target {self.name!r} ({self.spec})"]
@@ -127,9 +102,9 @@ class Conformance:
             lines.append("  engine policies declared not applicable (their checks write not_applicable rows):")
             lines += [f"    {policy}: {reason}" for policy, reason in self.policies.items()]
         lines.append("suites:")
-        width = max(len(s) for s, _, _ in self.suite_plan())
-        for suite, family, reason in self.suite_plan():
-            lines.append(f"  {suite:<{width}}  {'skip' if reason else 'run ':<4}  {family}" + (f": {reason}" if reason else ""))
+        width = max(len(plan.suite) for plan in self.plan)
+        for plan in self.plan:
+            lines.append(f"  {plan.suite:<{width}}  {'run ' if plan.ok else 'skip'}  {_plan_text(plan)}")
         return "\n".join(lines)
 
 
@@ -169,15 +144,27 @@ def _target_problems(target: Any, spec: str) -> tuple[list[str], dict[str, str]]
     return problems, policies
 
 
+def _plan_text(plan: SuitePlan) -> str:
+    """ "AR (DiT not provided)": the families whose tests of the suite run, then those that do not."""
+    ran = ", ".join(FAMILIES[key].name if key in FAMILIES else "needs no model family" for key in plan.runs)
+    left = [f"{FAMILIES[key].name} not provided" if key in FAMILIES else reason for key, reason in plan.skipped]
+    if ran and left:
+        return f"{ran} ({'; '.join(left)})"
+    return ran or "; ".join(left)
+
+
 def families_for(suites: Iterable[str]) -> set[str]:
     """The families whose suites are among `suites` (all of them for an empty selection)."""
     wanted = set(suites)
     return {key for key, family in FAMILIES.items() if not wanted or wanted & set(family.suites)}
 
 
-def check_target(target: Any, spec: str, *, device: str = "cpu", suites: Iterable[str] = ()) -> Conformance:
+def check_target(
+    target: Any, spec: str, *, device: str = "cpu", suites: Iterable[str] = (), benchmarks: bool = False
+) -> Conformance:
     """Check `target` (what `spec`'s factory returned) against the contract on `device`; with
-    `suites`, probe only the families those suites need (the others are listed, not probed)."""
+    `suites`, probe only the families those suites need (the others are listed, not probed). The
+    plan is the run's own selection (`parity.target.suite_plan`)."""
     problems, policies = _target_problems(target, spec)
     probed = families_for(suites)
     families = []
@@ -209,7 +196,8 @@ def check_target(target: Any, spec: str, *, device: str = "cpu", suites: Iterabl
                 text = f"{type(exc).__name__}: {exc}".replace("\n", " | ")[:500]
                 result.problems.append(f"{family.name} probe of {spec} raised {text}")
         families.append(result)
-    return Conformance(spec, str(getattr(target, "name", "?")), problems, families, policies)
+    plan = suite_plan(target, spec, benchmarks=benchmarks)
+    return Conformance(spec, str(getattr(target, "name", "?")), problems, families, policies, plan)
 
 
 # ---------------------------------------------------------------------------------------------

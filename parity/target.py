@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 BUILTIN_TARGETS = {
@@ -88,12 +89,41 @@ def load_target(spec: str) -> Any:
     return resolve_target(spec)
 
 
-# The model families a target may provide, the members that provide each, and what a report
-# calls it: a target without them gets that family's suites skipped with this reason.
-FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ar": ("AR backbone", ("load_ar", "build_ar")),
-    "dit": ("DiT", ("load_dit", "build_dit")),
-    "routing": ("router", ("router",)),
+@dataclass(frozen=True)
+class Family:
+    """A model family a target may provide: the members that provide it, what a report calls it,
+    the suites that need it and its conformance probe ("module:function", named by string so the
+    core imports no model; docs/targets.md §2)."""
+
+    key: str  # the directory of its suites under parity/suites/
+    name: str  # short: the check-target lines
+    what: str  # in a sentence: "provides no {what}"
+    members: tuple[str, ...]
+    suites: tuple[str, ...]
+    probe: str
+
+
+FAMILIES: dict[str, Family] = {
+    family.key: family
+    for family in (
+        Family(
+            "ar",
+            "AR",
+            "AR backbone",
+            ("load_ar", "build_ar"),
+            ("expert_selection", "fail_closed_capture", "embedding_clamp", "numerics", "decode", "weight_coverage", "recompiles"),
+            "parity.suites.ar.conformance:probe",
+        ),
+        Family(
+            "dit",
+            "DiT",
+            "DiT",
+            ("load_dit", "build_dit"),
+            ("recompiles", "numerics", "image", "sampler"),
+            "parity.suites.dit.conformance:probe",
+        ),
+        Family("routing", "routing", "router", ("router",), ("routing",), "parity.suites.routing.conformance:probe"),
+    )
 }
 
 
@@ -102,12 +132,65 @@ def family_gap(target: Any, family: str) -> str | None:
     or None when it provides the family (or the family needs nothing of a target)."""
     if family not in FAMILIES:
         return None
-    what, members = FAMILIES[family]
-    missing = [name for name in members if not callable(getattr(target, name, None))]
+    record = FAMILIES[family]
+    missing = [name for name in record.members if not callable(getattr(target, name, None))]
     if not missing:
         return None
     name = getattr(target, "name", type(target).__name__)
-    return f"target {name!r} provides no {what} (no {', '.join(missing)}): the {family} suites do not apply"
+    return f"target {name!r} provides no {record.what} (no {', '.join(missing)}): the {family} suites do not apply"
+
+
+# Suites that need no model family of the target, and why one does not run for a target spec ("" runs).
+SUITES_WITHOUT_FAMILY: dict[str, Callable[[str, bool], str]] = {
+    "selfcheck": lambda spec, benchmarks: "",
+    "sensitivity": lambda spec, benchmarks: (
+        "" if spec == "serving" else "the mutant catalogue mutates the built-in serving target"
+    ),
+    "benchmark": lambda spec, benchmarks: "" if benchmarks else "only with --benchmarks",
+}
+
+
+@dataclass(frozen=True)
+class SuitePlan:
+    """Whether a suite runs for a target: the families whose tests of it run, and those that do not
+    with the reason. `parity check-target` prints it and the run selects by it (`not_selected`), so the
+    plan and the run cannot differ."""
+
+    suite: str
+    runs: tuple[str, ...]  # family keys ("-" for a suite of no family)
+    skipped: tuple[tuple[str, str], ...]  # (family key or "-", reason)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.runs)
+
+
+def suite_plan(target: Any, spec: str, *, benchmarks: bool = False) -> list[SuitePlan]:
+    """Every report suite, in run order, and which of its families' tests run for `target`."""
+    order = list(dict.fromkeys(s for family in FAMILIES.values() for s in family.suites))
+    plans = []
+    for suite in order:
+        runs, skipped = [], []
+        for key, family in FAMILIES.items():
+            if suite in family.suites:
+                gap = family_gap(target, key)
+                (skipped.append((key, gap)) if gap else runs.append(key))
+        plans.append(SuitePlan(suite, tuple(runs), tuple(skipped)))
+    for suite, why in SUITES_WITHOUT_FAMILY.items():
+        reason = why(spec, benchmarks)
+        plans.append(SuitePlan(suite, () if reason else ("-",), (("-", reason),) if reason else ()))
+    return plans
+
+
+def not_selected(plans: list[SuitePlan], suite: str | None, family: str | None) -> str | None:
+    """Why a test of `suite` under the family directory `family` does not run (None: it runs)."""
+    for plan in plans:
+        if plan.suite != suite:
+            continue
+        for key, reason in plan.skipped:
+            if key in (family, "-"):
+                return reason
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

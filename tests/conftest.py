@@ -13,13 +13,19 @@ import pytest
 # Fixtures shared by several test modules, registered here once (a fixture imported into each
 # module would be a separate fixture per module).
 from tests.ar_support import reference, serving, tiny_dir  # noqa: F401
-from tests.shared_run import EXAMPLE, LANE, REFERENCE, SUITES_BUT_SENSITIVITY, SharedRun, SharedRuns, shared_root
+from tests.shared_run import EXAMPLE, LANE, MINIMAL, REFERENCE, SUITES_BUT_SENSITIVITY, SharedRun, SharedRuns, shared_root
 
 pytest_plugins = ["pytester"]  # in-process pytest sessions for the plugin's own tests
 
 _HERE = Path(__file__).resolve().parent
 # fixture -> the run it reads; `suites_run` is read from the lane run when the session makes one
-SHARED_RUN_FIXTURES = {"lane_run": LANE, "suites_run": SUITES_BUT_SENSITIVITY, "example_run": EXAMPLE, "reference_run": REFERENCE}
+SHARED_RUN_FIXTURES = {
+    "lane_run": LANE,
+    "suites_run": SUITES_BUT_SENSITIVITY,
+    "example_run": EXAMPLE,
+    "reference_run": REFERENCE,
+    "minimal_run": MINIMAL,
+}
 
 
 def _reads_a_shared_run(item: pytest.Item) -> bool:
@@ -75,6 +81,12 @@ def suites_run(shared_runs: SharedRuns | None) -> SharedRun:
 def example_run(shared_runs: SharedRuns | None) -> SharedRun:
     """The example engine (examples/engine_target) through every AR suite."""
     return _read(shared_runs, "example_run")
+
+
+@pytest.fixture(scope="session")
+def minimal_run(shared_runs: SharedRuns | None) -> SharedRun:
+    """The AR-only minimal example (examples/minimal_target) through `parity run --target`, no suite named."""
+    return _read(shared_runs, "minimal_run")
 
 
 @pytest.fixture(scope="session")

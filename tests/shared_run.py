@@ -83,7 +83,9 @@ EXAMPLE = RunSpec(
     suites=("expert_selection", "fail_closed_capture", "embedding_clamp", "recompiles", "numerics", "decode", "weight_coverage"),
 )
 REFERENCE = RunSpec("reference", target="reference", suites=tuple(s for s in ALL_SUITES if s != "sensitivity"))
-SPECS = (LANE, SUITES_BUT_SENSITIVITY, EXAMPLE, REFERENCE)
+# The second example through the plain door: `parity run --target <it>`, no suite named.
+MINIMAL = RunSpec("minimal-ar", target="examples.minimal_target.parity_target:make_target")
+SPECS = (LANE, SUITES_BUT_SENSITIVITY, EXAMPLE, REFERENCE, MINIMAL)
 
 
 @dataclasses.dataclass(frozen=True)

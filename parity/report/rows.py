@@ -376,12 +376,15 @@ def read_results(path: str | Path, required: Iterable[str] = COLUMNS) -> pd.Data
 SUMMARY_COLUMNS = ["suite", "cases", "pass", "fail", "tie_flip", "error", "not_applicable", "skip", "worst"]
 _SEVERITY = {SKIP: -2, NOT_APPLICABLE: -1, PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
 CASE_KEYS = ["suite", "case", "target", "mode"]  # a case's verdict spans all its sites
+# The metric of the one row per (suite, family) a run leaves out because the target does not provide
+# the family (or the suite does not apply to it): `case` is the family, `value` the tests not run.
+NOT_PROVIDED = "family_not_provided"
 
 
 def case_verdicts(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (suite, case, target, mode): the worst verdict among its gate rows (a skipped
     test's `skip` row, an info row, counts for a case with no gate row)."""
-    gates = frame[(frame["kind"] != "info") | (frame["verdict"] == SKIP)]
+    gates = frame[((frame["kind"] != "info") | (frame["verdict"] == SKIP)) & (frame["metric"] != NOT_PROVIDED)]
     if gates.empty:
         return pd.DataFrame(columns=CASE_KEYS + ["verdict"])
     worst = gates.assign(severity=gates["verdict"].map(_SEVERITY)).groupby(CASE_KEYS, sort=False)["severity"].max()
@@ -507,10 +510,23 @@ def mutation_score(frame: pd.DataFrame) -> MutationScore | None:
     )
 
 
-def format_summary(summary: pd.DataFrame) -> str:
-    if summary.empty:
-        return "(no report rows)"
-    return summary.to_string(index=False)
+def format_summary(summary: pd.DataFrame, frame: pd.DataFrame | None = None) -> str:
+    """The summary table; with the run's rows, a line per family (or suite) the target left out."""
+    lines = [summary.to_string(index=False)] if not summary.empty else []
+    lines += not_provided_lines(frame) if frame is not None else []
+    return "\n".join(lines) or "(no report rows)"
+
+
+def not_provided_lines(frame: pd.DataFrame) -> list[str]:
+    """One line per family the run left out (its `NOT_PROVIDED` rows): the suites and tests not
+    run and why, in place of a skip row per test."""
+    rows = frame[frame["metric"] == NOT_PROVIDED]
+    lines = []
+    for (family, reason), group in rows.groupby(["case", "detail"], sort=False):
+        tests = int(pd.to_numeric(group["value"], errors="coerce").fillna(0).sum())
+        suites = ", ".join(dict.fromkeys(group["suite"]))
+        lines.append(f"not run: {family} ({suites}: {tests} tests): {reason}")
+    return lines
 
 
 @dataclasses.dataclass(frozen=True)

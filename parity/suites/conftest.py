@@ -23,11 +23,16 @@ from typing import Any
 import pytest
 import torch
 
-from parity.plugin.session import session_target
+from parity.compare.verdict import SKIP
+from parity.plugin import resumed_test_ids, writes_session_rows
+from parity.plugin.lanes import suite_of
+from parity.plugin.report_fixture import WRITER
+from parity.plugin.session import option, session_target
+from parity.report import NOT_PROVIDED
 from parity.runners import modes_for
 from parity.suites.ar.support import ARModels, build_ar_models
 from parity.suites.dit.support import DiTModels, build_dit_models, require_dit
-from parity.target import TargetError, family_gap
+from parity.target import TargetError, family_gap, not_selected, suite_plan
 
 SUITES_DIR = Path(__file__).resolve().parent
 
@@ -54,16 +59,52 @@ def family_of(item: pytest.Item) -> str | None:
         return None
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A target that does not provide a model family (no router, no DiT, no AR backbone) gets that
-    family's tests skipped with the reason, before any fixture asks it for the missing member."""
+@pytest.hookimpl(trylast=True)  # after the lane marks, --parity-suite and --parity-append have selected
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the tests by family, then leave out the tests the target's plan does not run (a family
+    it does not provide, the mutant catalogue for a target other than the built-in one): they are
+    deselected, and each (suite, family) left out is one `not_provided` row with the reason and the
+    number of tests, where a skip per test once gave an AR-only target 743 skip rows. The plan is
+    `parity.target.suite_plan`, the one `parity check-target` prints."""
+    _order_by_family(items)
     try:
-        target = session_target(item.config)
+        target = session_target(config)
     except TargetError:
         return  # reported once, up front, by the plugin
-    reason = family_gap(target, family_of(item) or "")
-    if reason:
-        pytest.skip(reason)
+    plans = suite_plan(target, option(config, "target"), benchmarks=True)  # benchmarks: by their marker
+    left_out: dict[tuple[str, str], list[pytest.Item]] = {}
+    for item in items:
+        suite, family = suite_of(item), family_of(item) or "-"
+        if suite is not None and not_selected(plans, suite, family) is not None:
+            left_out.setdefault((suite, family), []).append(item)
+    if not left_out:
+        return
+    dropped = {id(item) for group in left_out.values() for item in group}
+    config.hook.pytest_deselected(items=[item for group in left_out.values() for item in group])
+    items[:] = [item for item in items if id(item) not in dropped]
+    if writes_session_rows(config):
+        _record_left_out(config, plans, left_out)
+
+
+def _record_left_out(config: pytest.Config, plans: list[Any], left_out: dict[tuple[str, str], list[pytest.Item]]) -> None:
+    done = resumed_test_ids(config)
+    for (suite, family), tests in left_out.items():
+        test_id = f"{SUITES_DIR.name}/{family}::{suite}"  # one per (family, suite): an appended run writes it once
+        if test_id in done:
+            continue
+        config.stash[WRITER].write(
+            {
+                "suite": suite,
+                "case": family,
+                "metric": NOT_PROVIDED,
+                "value": len(tests),
+                "verdict": SKIP,
+                "detail": not_selected(plans, suite, family),
+                "kind": "info",
+                "better": "",
+                "test": test_id,
+            }
+        )
 
 
 def require_graph_support(adapter: object, mode: str) -> None:
@@ -96,7 +137,7 @@ RESIDENT = ResidentModels()
 FAMILY_ORDER = ("ar_models", "dit_models")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _order_by_family(items: list[pytest.Item]) -> None:
     """Run the tests of one model family together (AR, then DiT, then the rest), file order kept;
     inside a family, the tests that share compiled code (`keep_compile_cache`) first, so that no
     test starting from an empty Dynamo cache runs between them and throws their compiles away

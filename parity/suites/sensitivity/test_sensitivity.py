@@ -57,12 +57,6 @@ def _failing(rows: pd.DataFrame | None, suite: str | None = None) -> pd.DataFram
     return gates if suite is None else gates[gates["suite"] == suite]
 
 
-@pytest.fixture(autouse=True)
-def _built_in_target_only(settings) -> None:
-    if settings.target != "serving":
-        pytest.skip(f"the catalogue mutates the built-in serving target, not {settings.target!r}")
-
-
 @pytest.mark.parametrize("name", list(CATALOGUE))
 def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path) -> None:
     mutant = CATALOGUE[name]
