@@ -1,6 +1,8 @@
 """index.html in a real browser: headless Chromium opens the page from disk (no server, no network),
 and the rendered DOM has the title, the summary table and images that actually loaded; a
-screenshot is taken and is not blank.
+screenshot is taken and is not blank; a hand-made AR-only run renders its absent families as lines,
+a routing section that only skipped as one line, and its decode failure with both sequences and
+the plot.
 
 Needs Debian's `chromium` package (`.ci/run` installs it); skipped with a reason when no Chromium
 binary exists. `PARITY_CHROMIUM` names another binary.
@@ -105,3 +107,41 @@ def test_a_missing_image_shows_in_the_rendered_page(lane_run: SharedRun, tmp_pat
     loaded, total = body_counts(dom)
     assert loaded == total - 1
     assert "1 image(s) failed to load" in dom
+
+
+def test_an_ar_only_page_with_a_decode_failure_renders_its_lines_and_plot(tmp_path: Path) -> None:
+    """A hand-made AR-only run (families left out, old skip rows, a diverged decode): the rendered
+    page has one line per absent family, the routing section as one line, the decode step, both
+    sequences and the decode plot loaded."""
+    from tests.test_review_page import (
+        AR_ROWS,
+        DIT_REASON,
+        REFERENCE_TOKENS,
+        ROUTER_REASON,
+        STEP_ERRORS,
+        TARGET_TOKENS,
+        decode_rows,
+        family_row,
+        hand_made_run,
+        skip_row,
+    )
+
+    rows = AR_ROWS + decode_rows("diverges", TARGET_TOKENS, STEP_ERRORS, verdict="fail", matched=4)
+    rows += [family_row(suite, "dit", 3, DIT_REASON) for suite in ("recompiles", "numerics", "image", "sampler")]
+    rows += [skip_row("routing", f"grid-{i}", ROUTER_REASON) for i in range(623)]
+    run_dir = tmp_path / "run"
+    hand_made_run(run_dir, rows)
+    dom = rendered_dom(run_dir, tmp_path)
+    parsed = PageParser()
+    parsed.feed(dom)
+    assert "DiT: not provided by this target (no load_dit, build_dit): suites recompiles, numerics, image, sampler not run" in dom
+    routing = re.search(r'<section id="routing">(.*?)</section>', dom, re.S).group(1)
+    assert "nothing ran: 623 tests skipped" in routing and "<table" not in routing
+    decode = re.search(r'<section id="decode">(.*?)</section>', dom, re.S).group(1)
+    assert "tokens diverged at step 4 of 8" in decode
+    tokens = parsed.tables["decode-tokens-0"]
+    assert [row[0] for row in tokens[1:]] == ["target", "reference"]
+    assert [row[2] for row in tokens[1:]] == [" ".join(map(str, TARGET_TOKENS)), " ".join(map(str, REFERENCE_TOKENS))]
+    assert "review/decode-diverges-eager.png" in decode
+    loaded, total = body_counts(dom)
+    assert total >= 2 and loaded == total  # the numerics plot and the decode plot

@@ -4,6 +4,7 @@ has rows, any suite name listed), and no crash on absent suites or files."""
 
 from __future__ import annotations
 
+import html
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -248,7 +249,8 @@ def test_model_suite_sections_show_their_content(lane_run: SharedRun) -> None:
         variants = [Path(unquote(ref)).stem for ref in images if ref.startswith(f"images/{case}/")]
         assert variants[:3] == ["reference", "serving_eager", "serving_compiled"]
         assert any(ref.startswith("review/image-diff-") and case in unquote(ref) for ref in images)
-    assert len(page.tables["routing-audit"]) - 1 == frame.loc[frame["suite"] == "routing", "case"].nunique()
+    ran = frame[frame["verdict"] != "skip"]  # a grid point that only skipped is in the section's skip lines
+    assert len(page.tables["routing-audit"]) - 1 == ran.loc[ran["suite"] == "routing", "case"].nunique()
     sensitivity = frame[frame["suite"] == "sensitivity"]
     assert len(page.tables["sensitivity-table"]) - 1 == int(
         (sensitivity["metric"] == "killed").sum()
@@ -330,3 +332,285 @@ def test_the_ledger_reads_compile_watch_metric_names(lane_run: SharedRun, tmp_pa
         ["latent=32x64", "compiled", "TransformerBlock.forward", "2", "1"],
     ]
     assert ledger[2][6] == "fail" and reason in ledger[2][7]
+
+
+# ---------------------------------------------------------------------------------------------
+# A page sized to the target (hand-made rows: seconds, no shared run)
+# ---------------------------------------------------------------------------------------------
+
+DIT_REASON = "target 'engine-example' provides no DiT (no load_dit, build_dit): the dit suites do not apply"
+ROUTER_REASON = "target 'engine-example' provides no router (no router): the routing suites do not apply"
+GRAPH_REASON = "cuda_graph needs --device cuda"
+
+
+def hand_made_run(run_dir: Path, rows: list[dict]) -> PageParser:
+    """A run directory holding `rows` (an engine's AR-only target), its page built."""
+    from parity.report import ReportWriter
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    context = dict(run_id=run_dir.name, target="engine-example", device="cpu", dtype="float32", size="tiny")
+    ReportWriter(run_dir, context).write_many(rows)
+    return rebuild(run_dir)
+
+
+def numerics_row(case: str, site: str, value: float, verdict: str = "pass") -> dict:
+    return dict(
+        suite="numerics", case=case, mode="eager", site=site, metric="max_abs", value=value, threshold=1e-5, verdict=verdict
+    )
+
+
+def skip_row(suite: str, case: str, reason: str, mode: str | None = None) -> dict:
+    return dict(suite=suite, case=case, mode=mode, metric="skipped", verdict="skip", kind="info", better="", detail=reason)
+
+
+def family_row(suite: str, family: str, tests: int | None, reason: str) -> dict:
+    return dict(
+        suite=suite, case=family, metric="family_not_provided", value=tests, verdict="skip", kind="info", better="", detail=reason
+    )
+
+
+AR_ROWS = [numerics_row("ar-prompt", site, value) for site, value in (("layer.0", 1e-7), ("layer.1", 2e-7), ("logits", 3e-7))]
+
+
+def _text(page_dir: Path) -> str:
+    return (page_dir / PAGE_FILE).read_text()
+
+
+def _section(text: str, anchor: str) -> str:
+    start = text.index(f'<section id="{anchor}">')
+    return text[start : text.index("</section>", start)]
+
+
+def _lines(html_text: str, klass: str) -> list[str]:
+    return [
+        html.unescape(re.sub(r"<[^>]+>", "", line))
+        for line in re.findall(rf'<p class="[^"]*{klass}[^"]*"[^>]*>(.*?)</p>', html_text)
+    ]
+
+
+def test_an_ar_only_run_of_old_skip_rows_lists_no_skip_row_in_a_table(tmp_path: Path) -> None:
+    """An AR-only target in a run written before family rows: 13 dit skip rows in numerics, 623 in
+    routing. Numerics shows only what ran, with the skips one line per reason; routing is one line."""
+    rows = AR_ROWS + [skip_row("numerics", f"dit-{i}", DIT_REASON) for i in range(13)]
+    rows += [skip_row("numerics", "ar-prompt", GRAPH_REASON, mode="cuda_graph")]
+    rows += [skip_row("routing", f"grid-{i}", ROUTER_REASON) for i in range(623)]
+    page = hand_made_run(tmp_path / "run", rows)
+    text = _text(tmp_path / "run")
+    for rows_of_table in page.tables.values():
+        assert not any("skipped" in row or any(cell.startswith("dit-") for cell in row) for row in rows_of_table), rows_of_table
+    divergence = page.tables["numerics-divergence"]
+    assert [row[0] for row in divergence[1:]] == ["ar-prompt"] and divergence[1][2] == "pass"
+    assert _lines(_section(text, "numerics"), "skip-reason") == [
+        f"13 tests skipped: {DIT_REASON}",
+        f"1 test skipped: {GRAPH_REASON}",
+    ]
+    routing = _section(text, "routing")
+    assert _lines(routing, "skip-reason") == [f"nothing ran: 623 tests skipped: {ROUTER_REASON}"]
+    assert "grid points" not in routing and "<table" not in routing  # one line, no empty audit
+    assert "routing-audit" not in page.tables
+    skipped = page.tables["skipped-rows"]  # the summary groups them: one line per suite and reason
+    assert skipped[1:] == [["numerics", "13", DIT_REASON], ["numerics", "1", GRAPH_REASON], ["routing", "623", ROUTER_REASON]]
+    assert "623 skipped" in re.search(r'id="rows-routing".*?</details>', text, re.S).group(0)
+    assert broken_references(tmp_path / "run") == []
+
+
+def test_an_absent_family_is_one_line_at_the_top_and_in_no_table(tmp_path: Path) -> None:
+    """The plugin's `family_not_provided` rows: one line per family, no view, no table row."""
+    rows = AR_ROWS + [
+        family_row(suite, "dit", tests, DIT_REASON)
+        for suite, tests in (("recompiles", 4), ("numerics", 13), ("image", 6), ("sampler", None))
+    ]
+    rows += [family_row("routing", "routing", 623, ROUTER_REASON)]
+    page = hand_made_run(tmp_path / "run", rows)
+    text = _text(tmp_path / "run")
+    block = re.search(r'<div id="not-provided">(.*?)</div>', text, re.S)
+    assert block, "no line for the families the target does not provide"
+    assert _lines(block.group(1), "family") == [
+        "DiT: not provided by this target (no load_dit, build_dit): suites recompiles, numerics, image, sampler not run (23 tests)",
+        "Router: not provided by this target (no router): suite routing not run (623 tests)",
+    ]
+    assert text.index('id="not-provided"') < text.index('<section id="summary">')  # near the top
+    for rows_of_table in page.tables.values():
+        assert not any("family_not_provided" in row or "dit" in row or "routing" in row for row in rows_of_table), rows_of_table
+    assert _sections(text) == ["summary", "baseline", "numerics", "rows", "environment"]  # no routing, image, recompiles view
+    assert [row[0] for row in page.tables["summary-table"][1:]] == ["numerics"]
+    assert not {"rows-image", "rows-routing", "rows-recompiles", "rows-sampler"} & set(_nav_links(text))
+    assert "skipped-rows" not in page.tables
+    assert broken_references(tmp_path / "run") == []
+
+
+def test_the_family_check_sees_a_family_row_in_a_table(tmp_path: Path, monkeypatch) -> None:
+    """The broken variant: a page that reads family rows as skipped tests has no line for the family
+    and a view and rows for its suite, which the checks above refuse."""
+    from parity.report import page as page_module
+
+    monkeypatch.setattr(page_module, "family_rows", lambda frame: frame.iloc[0:0])
+    hand_made_run(tmp_path / "run", AR_ROWS + [family_row("routing", "routing", 623, ROUTER_REASON)])
+    text = _text(tmp_path / "run")
+    assert 'id="not-provided"' not in text
+    assert "routing" in _sections(text) and "rows-routing" in _nav_links(text)  # a view and rows for a family not run
+
+
+def test_the_skip_check_sees_skip_rows_listed_row_by_row(tmp_path: Path, monkeypatch) -> None:
+    """The broken variant: a page that reads skip rows as rows that ran lists them in its tables and
+    counts them in the routing header."""
+    from parity.report import page as page_module
+
+    monkeypatch.setattr(page_module, "split_skipped", lambda rows: (rows, rows.iloc[0:0]))
+    rows = (
+        AR_ROWS
+        + [skip_row("numerics", "dit-0", DIT_REASON)]
+        + [skip_row("routing", f"grid-{i}", ROUTER_REASON) for i in range(5)]
+    )
+    page = hand_made_run(tmp_path / "run", rows)
+    assert any(row[0] == "dit-0" for row in page.tables["numerics-divergence"])
+    assert "5 grid points: 0 failing, 0 with tie flips only, 0 passing" in _text(tmp_path / "run")
+
+
+# ---------------------------------------------------------------------------------------------
+# The decode view
+# ---------------------------------------------------------------------------------------------
+
+REFERENCE_TOKENS = [5, 9, 9, 12, 40, 41, 7, 7]
+TARGET_TOKENS = [5, 9, 9, 12, 77, 3, 3, 3]  # diverges at step 4
+STEP_ERRORS = [1e-7, 2e-7, 1e-7, 3e-7, 4e-2, 5e-2, 6e-2, 6e-2]
+
+
+def decode_rows(
+    case: str, target: list[int], errors: list[float], *, verdict: str, matched: int, tokens_rows: bool = True
+) -> list[dict]:
+    where = dict(suite="decode", case=case, mode="eager")
+    steps = len(REFERENCE_TOKENS)
+    detail = (
+        f"all {steps} greedy tokens of 1 row(s) equal the reference's"
+        if matched == steps
+        else f"row 0 step {matched}: reference {REFERENCE_TOKENS[matched]} vs target {target[matched]}, top-2 margin 3.1 (fail)"
+    )
+    rows = [dict(where, metric="matched_steps", value=matched, threshold=steps, verdict=verdict, better="higher", detail=detail)]
+    if tokens_rows:
+        rows += [
+            dict(
+                where,
+                site=side,
+                metric="tokens",
+                value=steps,
+                verdict=verdict,
+                kind="info",
+                better="",
+                detail="row 0: " + " ".join(map(str, seq)),
+            )
+            for side, seq in (("reference", REFERENCE_TOKENS), ("target", target))
+        ]
+    failing_at = next((i for i, e in enumerate(errors) if e > 1e-3), None)
+    for first in range(0, steps, 4):
+        bucket = errors[first : first + 4]
+        bucket_verdict = "fail" if failing_at is not None and first + 3 >= failing_at else "pass"
+        site = f"teacher_forced.steps.{first}-{first + 3}"
+        rows += [
+            dict(
+                where,
+                site=site,
+                metric="rmse_vs_golden",
+                value=max(bucket) / 2,
+                threshold=1e-3,
+                verdict=bucket_verdict,
+                bound="measured",
+            ),
+            dict(where, site=site, metric="max_abs", value=max(bucket), verdict=bucket_verdict, kind="info", better="lower"),
+        ]
+    rows.append(
+        dict(where, site="teacher_forced", metric="compared_steps", value=steps, threshold=steps, verdict="pass", better="equal")
+    )
+    rows.append(
+        dict(
+            where,
+            site="teacher_forced",
+            metric="step_max_abs",
+            value=max(errors),
+            verdict="fail" if failing_at is not None else "pass",
+            kind="info",
+            better="lower",
+            detail=f"largest |target - reference| of the step logits per step, steps 0-{steps - 1}: "
+            + " ".join(f"{e:.3g}" for e in errors),
+        )
+    )
+    return rows
+
+
+def test_a_decode_failure_shows_its_step_both_sequences_and_the_plot(tmp_path: Path) -> None:
+    rows = decode_rows("diverges", TARGET_TOKENS, STEP_ERRORS, verdict="fail", matched=4)
+    rows += decode_rows("agrees", REFERENCE_TOKENS, [1e-7] * 8, verdict="pass", matched=8)
+    page = hand_made_run(tmp_path / "run", AR_ROWS + rows)
+    text = _text(tmp_path / "run")
+    decode = _section(text, "decode")
+    assert "2 decode runs (case, mode): 1 failing, 0 with tie flips only, 1 passing." in decode
+    assert _lines(decode, "decode-divergence") == ["tokens diverged at step 4 of 8 (the first 4 tokens equal the reference's)"]
+    tokens = page.tables["decode-tokens-0"]
+    assert tokens[1] == ["target", "0", " ".join(map(str, TARGET_TOKENS))]
+    assert tokens[2] == ["reference", "0", " ".join(map(str, REFERENCE_TOKENS))]
+    marked = re.findall(r"<mark>(\d+)</mark>", decode)
+    assert marked == ["77", "3", "3", "3", "40", "41", "7", "7"]  # from the divergence on, in both rows
+    failing = page.tables["decode-failing-0"]  # the failing gate rows of the case
+    assert {(row[1], row[2]) for row in failing[1:]} == {("", "matched_steps"), ("teacher_forced.steps.4-7", "rmse_vs_golden")}
+    plot = re.search(r'<img src="(review/decode-diverges-eager\.png)"', decode)
+    assert plot and (tmp_path / "run" / plot.group(1)).is_file()
+    passing = page.tables["decode-runs"]
+    assert passing[0] == ["case", "mode", "verdict", "steps_matched", "diverged_at", "largest_step_diff", "detail"]
+    assert passing[1:] == [
+        ["agrees", "eager", "pass", "8 of 8", "", "1e-07", "all 8 greedy tokens of 1 row(s) equal the reference's"]
+    ]
+    assert broken_references(tmp_path / "run") == []
+
+
+def test_the_decode_plot_and_step_are_read_from_the_rows(tmp_path: Path, monkeypatch) -> None:
+    """The broken variant: the same checks fail when the page takes the wrong step (a plot
+    without the divergence line) or when the sequences are not drawn."""
+    from parity.report import page as page_module
+
+    drawn = []
+    real = page_module.decode_step_plot
+    monkeypatch.setattr(
+        page_module,
+        "decode_step_plot",
+        lambda series, path, title, at=None: drawn.append((series, at)) or real(series, path, title, at),
+    )
+    hand_made_run(tmp_path / "ok", AR_ROWS + decode_rows("diverges", TARGET_TOKENS, STEP_ERRORS, verdict="fail", matched=4))
+    ((label, values),), at = drawn[0]
+    assert at == 4 and values == [float(f"{e:.3g}") for e in STEP_ERRORS] and "per step" in label
+
+    monkeypatch.setattr(page_module.DecodeRun, "tokens", property(lambda self: {}))
+    page = hand_made_run(
+        tmp_path / "broken", AR_ROWS + decode_rows("diverges", TARGET_TOKENS, STEP_ERRORS, verdict="fail", matched=4)
+    )
+    assert "decode-tokens-0" not in page.tables  # the assertion of the test above goes red
+
+
+def test_a_decode_run_without_token_rows_is_drawn_per_bucket(tmp_path: Path) -> None:
+    """A run written before the `tokens` / `step_max_abs` rows: the step from matched_steps, the
+    plot from the teacher-forced buckets, and a note that the sequences were not recorded."""
+    rows = [
+        r
+        for r in decode_rows("old", TARGET_TOKENS, STEP_ERRORS, verdict="fail", matched=4, tokens_rows=False)
+        if r["metric"] != "step_max_abs"
+    ]
+    page = hand_made_run(tmp_path / "run", AR_ROWS + rows)
+    decode = _section(_text(tmp_path / "run"), "decode")
+    assert _lines(decode, "decode-divergence") == ["tokens diverged at step 4 of 8 (the first 4 tokens equal the reference's)"]
+    assert "token sequences not recorded in this run" in decode and "decode-tokens-0" not in page.tables
+    assert re.search(r'<img src="review/decode-old-eager\.png"', decode)
+
+
+def test_the_page_reads_the_decode_suites_token_and_step_rows() -> None:
+    """The decode suite writes `tokens` and `step_max_abs` details (parity.suites.ar.decode); the
+    page reads them back: a change of either format on one side only goes red here."""
+    import torch
+
+    from parity.report.page import parse_step_errors, parse_tokens
+    from parity.suites.ar.decode import step_errors, step_errors_text, token_text
+
+    tokens = torch.tensor([[5, 9, 300], [7, 0, 12]])
+    assert parse_tokens(token_text(tokens)) == tokens.tolist()
+    want = torch.zeros(2, 3, 4)
+    have = want.clone()
+    have[0, 1, 2], have[1, 2, 0] = 2.5e-3, float("nan")
+    assert parse_step_errors(step_errors_text(step_errors(want, have))) == [0.0, 2.5e-3, float("inf")]

@@ -1,9 +1,15 @@
 """`index.html`: one static page per run directory that a reviewer opens from disk.
 
-In order: what failed (the per-suite summary and the failing rows), what changed against the
-baseline, then one view per suite that has one and has rows in this run (where numerics diverged,
-what recompiled and why, what the images look like, the routing audit, the sensitivity table),
-every suite's rows (failing rows first) and the environment.
+In order: the model families the target does not provide (one line each), what failed (the
+per-suite summary, the failing rows, the checks that did not run grouped by reason), what changed
+against the baseline, then one view per suite that has one and has rows in this run (where numerics
+diverged, where decoding diverged, what recompiled and why, what the images look like, the routing
+audit, the sensitivity table), every suite's rows (failing rows first) and the environment.
+
+The page is sized to what ran: a `skip` row (a suite test that did not run, with pytest's reason)
+is never listed row by row in a suite's view or rows; they are counted, one line per distinct
+reason, and a suite that only skipped is those lines. A family the target leaves out
+(`family_not_provided` rows, one per suite of that family) is one line at the top, in no table.
 
 The suites come from the rows: the summary, the navigation and "All rows by suite" list every
 suite found in `results.csv`, whatever its name, so a new suite needs no change here. A suite-
@@ -18,6 +24,7 @@ needs no server. Every piece of text from the rows is escaped with `html.escape`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import math
 import numbers
@@ -38,6 +45,7 @@ from parity.report.plots import (
     AR_LAYERS,
     DIT_BLOCKS,
     OTHER_SITES,
+    decode_step_plot,
     divergence_plot,
     image_diff_plot,
     load_png,
@@ -45,7 +53,7 @@ from parity.report.plots import (
     site_order,
 )
 from parity.report.review import Review, failing_first, failing_suites_first, used_share
-from parity.report.rows import RESULTS_FILE, RUN_INFO_FILE, mutation_score, summarize
+from parity.report.rows import NOT_PROVIDED, RESULTS_FILE, RUN_INFO_FILE, mutation_score, summarize
 from parity.report.rundir import UnsafePathError, atomic_write, refuse_link
 
 PAGE_FILE = "index.html"
@@ -54,6 +62,12 @@ IMAGES_DIR = "images"  # PNGs a suite writes: images/<case>/<variant>.png
 VARIANT_ORDER = ("reference", "serving_eager", "serving_compiled")
 MAX_TABLE_ROWS = 3000  # beyond this a table points at results.csv instead of bloating the page
 _SEVERITY = {SKIP: -2, NOT_APPLICABLE: -1, PASS: 0, TIE_FLIP: 1, FAIL: 2, ERROR: 3}
+
+# The plugin's rows for checks that did not run (verdict `skip`, kind info): one per skipped suite
+# test (metric `skipped`, pytest's reason in `detail`) and, per suite of a family the target does not
+# provide, one for all its deselected tests (this metric; `case` = the family key of
+# parity.target.FAMILIES or the suite directory, `value` = how many tests, `detail` = the reason).
+FAMILY_METRIC = NOT_PROVIDED
 
 ROW_COLUMNS = ("verdict", "case", "mode", "site", "metric", "value", "threshold", "better", "kind", "detail")
 
@@ -76,6 +90,9 @@ figure img { border: 1px solid #ccc; image-rendering: pixelated; }
 figcaption { font-size: 12px; color: #444; max-width: 40em; }
 img.broken { outline: 3px solid crimson; min-width: 40px; min-height: 40px; }
 #broken-images { color: crimson; font-weight: 600; }
+#not-provided p { margin: .2em 0; padding: .3em .8em; background: #f1f1f4; border-left: 4px solid #999; }
+table.tokens td.tokens { font-family: ui-monospace, monospace; font-size: 12px; max-width: 60em; overflow-wrap: anywhere; }
+mark { background: #f8c4c4; font-weight: 600; }
 """
 
 # Marks the page with how many of its images loaded, and flags any that did not (a moved file),
@@ -258,12 +275,79 @@ def suites_in(frame: pd.DataFrame) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# What ran, what did not
+# ---------------------------------------------------------------------------------------------
+
+
+def family_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The `family_not_provided` rows: one per (family the target leaves out, suite of it)."""
+    return frame[(frame["metric"] == FAMILY_METRIC) & (frame["verdict"] == SKIP)]
+
+
+def listed(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows the suite sections read: every row but the `family_not_provided` ones (those are
+    one line per family at the top of the page)."""
+    return frame.drop(index=family_rows(frame).index)
+
+
+def split_skipped(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the rows of checks that ran, the `skip` rows)."""
+    skipped = rows["verdict"] == SKIP
+    return rows[~skipped], rows[skipped]
+
+
+def skip_reasons(skipped: pd.DataFrame) -> list[tuple[str, int]]:
+    """(reason, how many rows) per distinct reason, most frequent first (then as first written)."""
+    reasons = skipped["detail"].replace("", "no reason recorded")
+    counts = reasons.value_counts(sort=False)
+    first = {reason: i for i, reason in enumerate(dict.fromkeys(reasons))}
+    return sorted(((str(r), int(n)) for r, n in counts.items()), key=lambda item: (-item[1], first[item[0]]))
+
+
+def skip_lines(skipped: pd.DataFrame, *, nothing_ran: bool) -> str:
+    """One line per distinct skip reason with its count; `nothing_ran`: the suite only skipped."""
+    lead = "nothing ran: " if nothing_ran else ""
+    return "\n".join(
+        f'<p class="note skip-reason">{esc(lead)}{n} {"test" if n == 1 else "tests"} skipped: {esc(reason)}</p>'
+        for reason, n in skip_reasons(skipped)
+    )
+
+
+# parity.target.family_gap's reason: "target 'x' provides no DiT (no load_dit, build_dit): ..."
+_FAMILY_GAP = re.compile(r"provides no (?P<what>.+?) \(no (?P<members>[^)]*)\)")
+
+
+def not_provided_block(frame: pd.DataFrame) -> str:
+    """One line per family the target does not provide (its `family_not_provided` rows), naming the
+    missing members and the suites not run; empty when every family ran."""
+    rows = family_rows(frame)
+    if rows.empty:
+        return ""
+    lines = []
+    for family, group in rows.groupby("case", sort=False):
+        reason = next((d for d in group["detail"] if d), "")
+        found = _FAMILY_GAP.search(reason)
+        suites = list(dict.fromkeys(group["suite"]))
+        tests = pd.to_numeric(group["value"], errors="coerce").dropna()
+        count = f" ({int(tests.sum())} tests)" if not tests.empty else ""
+        not_run = f"{'suite' if len(suites) == 1 else 'suites'} {', '.join(suites)} not run{count}"
+        if found:  # a model family the target does not provide
+            name = found["what"]
+            text = f"{name[:1].upper()}{name[1:]}: not provided by this target (no {found['members']}): {not_run}"
+        else:  # a suite that does not apply to this target (the mutant catalogue)
+            text = f"{family}: {not_run}: {reason}"
+        lines.append(f'<p class="family" title="{esc(reason)}">{esc(text)}</p>')
+    return '<div id="not-provided">\n' + "\n".join(lines) + "\n</div>"
+
+
+# ---------------------------------------------------------------------------------------------
 # Sections
 # ---------------------------------------------------------------------------------------------
 
 
 def summary_section(review: Review) -> str:
-    summary = summarize(review.frame)
+    frame = listed(review.frame)
+    summary = summarize(frame)
     if summary.empty:
         return section("summary", "Summary", note("no report rows in this run"))
     summary = failing_suites_first(summary)
@@ -295,11 +379,23 @@ def summary_section(review: Review) -> str:
     if not flips.empty:
         body.append(f"<h3>Tie flips ({len(flips)} rows: decisions inside the dtype's noise, not defects)</h3>")
         body.append(table(flips, ("verdict", "suite", "case", "mode", "site", "metric", "value", "threshold", "detail")))
-    frame = review.frame
-    not_run = frame[(frame["verdict"] == SKIP) | ((frame["verdict"] == NOT_APPLICABLE) & (frame["kind"] != "info"))]
-    if not not_run.empty:
-        body.append(f"<h3>Skipped and not applicable ({len(not_run)} rows: checks that did not run here, with the reason)</h3>")
-        body.append(table(not_run, ("verdict", "suite", "case", "mode", "metric", "detail"), table_id="skipped-rows"))
+    skipped = frame[frame["verdict"] == SKIP]
+    if not skipped.empty:
+        grouped = pd.DataFrame(
+            [
+                {"suite": suite, "tests": n, "reason": reason}
+                for suite in dict.fromkeys(skipped["suite"])
+                for reason, n in skip_reasons(skipped[skipped["suite"] == suite])
+            ]
+        )
+        body.append(f"<h3>Skipped ({len(skipped)} tests that did not run here, by suite and reason)</h3>")
+        body.append(table(grouped, ("suite", "tests", "reason"), row_class=lambda _: SKIP, table_id="skipped-rows"))
+    not_applicable = frame[(frame["verdict"] == NOT_APPLICABLE) & (frame["kind"] != "info")]
+    if not not_applicable.empty:
+        body.append(f"<h3>Not applicable ({len(not_applicable)} rows: checks that do not apply here, with the reason)</h3>")
+        body.append(
+            table(not_applicable, ("verdict", "suite", "case", "mode", "metric", "detail"), table_id="not-applicable-rows")
+        )
     return section("summary", "Summary: what failed", "\n".join(body))
 
 
@@ -427,6 +523,224 @@ def numerics_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
         body.append(
             f'<figure><img src="{href(assets.relative(path))}" alt="{esc(family.title)}">'
             f"<figcaption>{esc(text)}{esc('; ' + caption) if caption else ''}</figcaption></figure>"
+        )
+    return "\n".join(body)
+
+
+# The decode suite's rows (parity.suites.ar.test_decode): the free-running gate `matched_steps`
+# (value: steps whose tokens equal the reference's, threshold: the case's steps), `tokens` info
+# rows (site `reference` / `target`, detail `row R: t0 t1 ...; row R+1: ...`), per-bucket
+# teacher-forced rows (`teacher_forced.steps.A-B`, info `max_abs`) and `step_max_abs` (site
+# `teacher_forced`, the per-step values after the detail's last `: `). Runs written before the
+# `tokens` / `step_max_abs` rows have the buckets only: their plot is drawn per bucket.
+MAX_DECODE_DETAILS = 12  # failing decode runs drawn in full; more are listed in the table
+_TOKEN_ROW = re.compile(r"row (?P<row>\d+): (?P<tokens>[-\d ]*)")
+_BUCKET_SITE = re.compile(r"^teacher_forced\.steps\.(?P<first>\d+)-(?P<last>\d+)$")
+
+
+def parse_tokens(detail: str) -> list[list[int]] | None:
+    """A `tokens` row's detail as one token list per batch row; None when it is not one."""
+    rows = [[int(t) for t in match["tokens"].split()] for match in _TOKEN_ROW.finditer(detail or "")]
+    return rows or None
+
+
+def parse_step_errors(detail: str) -> list[float] | None:
+    """A `step_max_abs` row's per-step values (after the detail's last `: `); None when unreadable."""
+    try:
+        values = [float(v) for v in (detail or "").rsplit(": ", 1)[-1].split()]
+    except ValueError:
+        return None
+    return values or None
+
+
+def _number(value: object) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
+
+
+@dataclasses.dataclass
+class DecodeRun:
+    """One decode case in one mode: its verdict, where its tokens diverged, both sequences, the
+    step logits' error per step."""
+
+    case: str
+    mode: str
+    rows: pd.DataFrame
+
+    @functools.cached_property
+    def verdict(self) -> str:
+        return _gate_verdict(self.rows)
+
+    def _one(self, metric: str, site: str | None = None) -> pd.Series | None:
+        mine = self.rows[(self.rows["metric"] == metric) & ((self.rows["site"] == site) if site is not None else True)]
+        return mine.iloc[-1] if not mine.empty else None
+
+    @functools.cached_property
+    def tokens(self) -> dict[str, list[list[int]]]:
+        found = {}
+        for side in ("target", "reference"):
+            row = self._one("tokens", side)
+            parsed = parse_tokens(row["detail"]) if row is not None else None
+            if parsed is not None:
+                found[side] = parsed
+        return found
+
+    @property
+    def steps(self) -> int | None:
+        matched = self._one("matched_steps")
+        if matched is not None and _number(matched["threshold"]) is not None:
+            return int(matched["threshold"])
+        return max((len(r) for rows in self.tokens.values() for r in rows), default=None)
+
+    @property
+    def matched(self) -> int | None:
+        row = self._one("matched_steps")
+        return int(row["value"]) if row is not None and _number(row["value"]) is not None else None
+
+    @property
+    def diverged_at(self) -> int | None:
+        """The first step whose token differs from the reference's (any batch row), or None."""
+        if len(self.tokens) == 2:
+            steps = [
+                i
+                for want, got in zip(self.tokens["reference"], self.tokens["target"])
+                for i, (a, b) in enumerate(zip(want, got))
+                if a != b
+            ] + [min(len(w), len(g)) for w, g in zip(self.tokens["reference"], self.tokens["target"]) if len(w) != len(g)]
+            return min(steps) if steps else None
+        matched, steps = self.matched, self.steps
+        return matched if matched is not None and steps is not None and matched < steps else None
+
+    def step_errors(self) -> tuple[str, list[float]] | None:
+        """(label, per-step values): the `step_max_abs` row, else the teacher-forced buckets' max_abs
+        spread over their steps; None when the run has neither."""
+        row = self._one("step_max_abs")
+        values = parse_step_errors(row["detail"]) if row is not None else None
+        if values:
+            return "teacher-forced, largest |d| per step", values
+        buckets = []
+        for bucket in self.rows[(self.rows["metric"] == "max_abs")].itertuples(index=False):
+            match = _BUCKET_SITE.match(bucket.site)
+            if match and not pd.isna(bucket.value):
+                buckets.append((int(match["first"]), int(match["last"]), float(bucket.value)))
+        if not buckets:
+            return None
+        per_step = [math.nan] * (max(last for _, last, _ in buckets) + 1)
+        for first, last, value in buckets:
+            per_step[first : last + 1] = [value] * (last - first + 1)
+        return "teacher-forced, largest |d| per bucket of steps", per_step
+
+    @property
+    def largest_step_diff(self) -> float:
+        errors = self.step_errors()
+        finite = [v for v in errors[1] if not math.isnan(v)] if errors else []
+        return max(finite) if finite else math.nan
+
+    @property
+    def detail(self) -> str:
+        row = self._one("matched_steps")
+        return row["detail"] if row is not None else " | ".join(dict.fromkeys(d for d in self.rows["detail"] if d))
+
+    def headline(self) -> str:
+        steps, matched, diverged = self.steps, self.matched, self.diverged_at
+        if diverged is not None:
+            return (
+                f"tokens diverged at step {diverged}"
+                + (f" of {steps}" if steps is not None else "")
+                + (f" (the first {diverged} tokens equal the reference's)" if diverged else " (the first token already differs)")
+            )
+        if matched is not None:
+            return f"tokens equal the reference's at all {matched} steps; the step logits failed"
+        return "no free-running result in this run"
+
+
+def _token_cells(tokens: list[int], other: list[int]) -> str:
+    """A sequence, the tokens that differ from `other` at the same step marked."""
+    return " ".join(f"<mark>{t}</mark>" if i >= len(other) or other[i] != t else str(t) for i, t in enumerate(tokens))
+
+
+def _token_table(run: DecodeRun, table_id: str) -> str:
+    reference, target = run.tokens["reference"], run.tokens["target"]
+    out = [
+        f'<table class="tokens" id="{esc(table_id)}">',
+        "<thead><tr><th>side</th><th>row</th><th>tokens</th></tr></thead>",
+        "<tbody>",
+    ]
+    for side, mine, other in (("target", target, reference), ("reference", reference, target)):
+        for row, tokens in enumerate(mine):
+            others = other[row] if row < len(other) else []
+            out.append(
+                f'<tr><td>{side}</td><td class="num">{row}</td><td class="tokens">{_token_cells(tokens, others)}</td></tr>'
+            )
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def decode_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
+    runs = [DecodeRun(case, mode, group) for (case, mode), group in rows.groupby(["case", "mode"], sort=False)]
+    failing = [run for run in runs if run.verdict in (FAIL, ERROR)]
+    flips = sum(run.verdict == TIE_FLIP for run in runs)
+    passing = sum(run.verdict == PASS for run in runs)
+    body = [
+        f"<p>{len(runs)} decode runs (case, mode): {len(failing)} failing, {flips} with tie flips only, {passing} passing.</p>"
+    ]
+    for i, run in enumerate(failing[:MAX_DECODE_DETAILS]):
+        where = f"{run.case} / {run.mode}"
+        body.append(f'<h3 id="decode-{i}">{esc(where)}: {esc(run.verdict)}</h3>')
+        body.append(f'<p class="decode-divergence">{esc(run.headline())}</p>')
+        gates = failing_first(run.rows[(run.rows["kind"] != "info") & run.rows["verdict"].isin((FAIL, ERROR))])
+        body.append(table(gates, ("verdict", "site", "metric", "value", "threshold", "detail"), table_id=f"decode-failing-{i}"))
+        if len(run.tokens) == 2:
+            body.append(_token_table(run, f"decode-tokens-{i}"))
+        else:
+            body.append(
+                note(
+                    "token sequences not recorded in this run (the decode suite's `tokens` rows); the detail above names the differing tokens"
+                )
+            )
+        errors = run.step_errors()
+        drawn = (
+            decode_step_plot([errors], assets.path(f"decode-{run.case}-{run.mode}"), f"{where}: step logits", run.diverged_at)
+            if errors
+            else None
+        )
+        if drawn is None:
+            body.append(note("no per-step error of the step logits to plot"))
+        else:
+            path, caption = drawn
+            text = f"{where}: {errors[0]}, log scale" + (
+                "; dotted line: the step where the tokens diverged" if run.diverged_at is not None else ""
+            )
+            body.append(
+                f'<figure><img src="{href(assets.relative(path))}" alt="{esc(where)}: step logits error by step">'
+                f"<figcaption>{esc(text)}{esc('; ' + caption) if caption else ''}</figcaption></figure>"
+            )
+    drawn_in_full = {id(run) for run in failing[:MAX_DECODE_DETAILS]}
+    rest = [run for run in runs if id(run) not in drawn_in_full]
+    if rest:
+        more = len(failing) - len(drawn_in_full)
+        title = "Passing decode runs" + (" and tie flips" if flips else "") + (f", and {more} more failing" if more else "")
+        body.append(f"<h3>{esc(title)}</h3>")
+        frame = pd.DataFrame(
+            [
+                {
+                    "case": run.case,
+                    "mode": run.mode,
+                    "verdict": run.verdict,
+                    "steps_matched": f"{run.matched} of {run.steps}" if run.matched is not None and run.steps is not None else "",
+                    "diverged_at": run.diverged_at if run.diverged_at is not None else "",
+                    "largest_step_diff": run.largest_step_diff,
+                    "detail": run.detail,
+                }
+                for run in rest
+            ]
+        )
+        frame = failing_first(frame.assign(kind="gate", value=math.nan, threshold=math.nan, better=""))
+        body.append(
+            table(
+                frame,
+                ("case", "mode", "verdict", "steps_matched", "diverged_at", "largest_step_diff", "detail"),
+                table_id="decode-runs",
+            )
         )
     return "\n".join(body)
 
@@ -627,11 +941,12 @@ class SuiteView:
     render: Callable[[Review, pd.DataFrame, Assets], str]
 
 
-# The suite-specific views, in reading order: where it diverged, what recompiled, what the images
+# The suite-specific views, in reading order: where it diverged, where decoding diverged, what recompiled, what the images
 # look like, the routing audit, which mutants were caught. Any other suite is still listed in the
 # summary, the navigation and "All rows by suite" (its rows come from the data).
 SUITE_VIEWS = (
     SuiteView("numerics", "numerics", "Numerics: where it diverged", "Numerics", numerics_view),
+    SuiteView("decode", "decode", "Decode: where generation diverged", "Decode", decode_view),
     SuiteView("recompiles", "recompiles", "Recompiles: what recompiled and why", "Recompiles", recompiles_view),
     SuiteView("image", "images", "Images", "Images", images_view),
     SuiteView("routing", "routing", "Routing audit", "Routing", routing_view),
@@ -640,29 +955,43 @@ SUITE_VIEWS = (
 
 
 def suite_views(review: Review, assets: Assets) -> list[tuple[SuiteView, str]]:
-    """(view, section HTML) for every view whose suite has rows in this run, in reading order."""
-    present = set(suites_in(review.frame))
+    """(view, section HTML) for every view whose suite has rows in this run, in reading order. A view
+    reads only the rows that ran; its skipped tests are one line per reason, and a suite that only
+    skipped is those lines (a family the target does not provide has no view: it is a line at the top)."""
+    frame = listed(review.frame)
+    present = set(suites_in(frame))
     out = []
     for view in SUITE_VIEWS:
         if view.suite in present:
-            rows = review.frame[review.frame["suite"] == view.suite]
-            out.append((view, section(view.anchor, view.title, view.render(review, rows, assets))))
+            ran, skipped = split_skipped(frame[frame["suite"] == view.suite])
+            body = [skip_lines(skipped, nothing_ran=ran.empty)] if not skipped.empty else []
+            if not ran.empty:
+                body.append(view.render(review, ran, assets))
+            out.append((view, section(view.anchor, view.title, "\n".join(body))))
     return out
 
 
 def all_rows_section(review: Review) -> str:
-    frame = review.frame
+    frame = listed(review.frame)
     if frame.empty:
         return section("rows", "All rows by suite", note("no report rows in this run"))
-    body = [f'<p>Every row of <a href="{RESULTS_FILE}">{RESULTS_FILE}</a>, per suite, failing rows first.</p>']
+    body = [
+        f'<p>Every row of <a href="{RESULTS_FILE}">{RESULTS_FILE}</a> that ran, per suite, failing rows first; '
+        "skipped tests one line per reason.</p>"
+    ]
     for suite in suites_in(frame):
-        rows = failing_first(frame[frame["suite"] == suite])
+        rows = frame[frame["suite"] == suite]
         verdict = _gate_verdict(rows)
+        ran, skipped = split_skipped(rows)
         is_open = " open" if verdict in (FAIL, ERROR) else ""
+        counted = f"{len(ran)} rows" + (f", {len(skipped)} skipped" if not skipped.empty else "")
         body.append(
-            f'<details{is_open} id="rows-{esc(suite)}"><summary><b>{esc(suite)}</b>: {len(rows)} rows, worst verdict {esc(verdict)}</summary>'
+            f'<details{is_open} id="rows-{esc(suite)}"><summary><b>{esc(suite)}</b>: {counted}, worst verdict {esc(verdict)}</summary>'
         )
-        body.append(table(rows, ROW_COLUMNS))
+        if not skipped.empty:
+            body.append(skip_lines(skipped, nothing_ran=ran.empty))
+        if not ran.empty:
+            body.append(table(failing_first(ran), ROW_COLUMNS))
         body.append("</details>")
     return section("rows", "All rows by suite", "\n".join(body))
 
@@ -737,7 +1066,7 @@ def _render(review: Review, assets: Assets) -> str:
         all_rows_section(review),
         environment_section(review),
     ]
-    nav = navigation([view for view, _ in views], suites_in(review.frame))
+    nav = navigation([view for view, _ in views], suites_in(listed(review.frame)))
     return "\n".join(
         [
             "<!DOCTYPE html>",
@@ -752,6 +1081,7 @@ def _render(review: Review, assets: Assets) -> str:
             f"<p>{esc(config)}</p>",
             f'<p><span class="status {status_class}" id="status">{esc(review.status_line())}</span></p>',
             '<p id="broken-images" hidden></p>',
+            not_provided_block(review.frame),
             f'<p>{len(review.frame)} rows: <a href="{RESULTS_FILE}">{RESULTS_FILE}</a></p>',
             nav,
             *sections,

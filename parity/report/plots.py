@@ -1,4 +1,5 @@
-"""The review page's figures: error by layer (numerics) and difference heat maps (images).
+"""The review page's figures: error by layer (numerics), error by step (decode) and difference heat
+maps (images).
 
 Figures are drawn with matplotlib's object API on an Agg canvas, never through pyplot, so writing a
 page neither needs a display nor changes the backend of a process that imported the harness.
@@ -116,6 +117,37 @@ def divergence_plot(rows: pd.DataFrame, metrics: Sequence[str], path: Path, titl
     if handles:
         figure.legend(handles, labels, loc="outside right upper", fontsize=7)
     figure.suptitle(title)
+    caption = f"exact zeros are drawn at {floor:.3g} (log scale)" if zero_drawn else ""
+    return _save(figure, path), caption
+
+
+def decode_step_plot(
+    series: Sequence[tuple[str, Sequence[float]]], path: Path, title: str, diverged_at: int | None = None
+) -> tuple[Path, str] | None:
+    """Step logits' error by decode step for one case: one line per (label, per-step values), log
+    scale, a dotted vertical line at the step where the tokens diverged. Returns the PNG path and a
+    caption (what was drawn at the floor), or None when no value is finite."""
+    drawn = [(label, np.asarray(values, dtype=float)) for label, values in series if len(values)]
+    finite = np.concatenate([v[np.isfinite(v)] for _, v in drawn]) if drawn else np.array([])
+    if finite.size == 0:
+        return None
+    positive = finite[finite > 0]
+    floor = float(positive.min()) / 10 if positive.size else 1e-12
+    figure = Figure(figsize=(6.4, 3.0), layout="constrained")
+    axis = figure.subplots()
+    zero_drawn = False
+    for i, (label, values) in enumerate(drawn):
+        zero_drawn |= bool((values <= 0).any())
+        y = np.where(np.isfinite(values), np.maximum(values, floor), np.nan)
+        axis.plot(np.arange(len(y)), y, marker="os^vD"[i % 5], markersize=3, linewidth=1.1, label=label)
+    if diverged_at is not None:
+        axis.axvline(diverged_at, color="crimson", linestyle=":", linewidth=1.2, label=f"tokens diverge at step {diverged_at}")
+    axis.set_yscale("log")
+    axis.set_xlabel("decode step")
+    axis.set_ylabel("max |target - reference|")
+    axis.grid(True, which="major", alpha=0.3)
+    axis.legend(fontsize=7)
+    axis.set_title(title, fontsize=9)
     caption = f"exact zeros are drawn at {floor:.3g} (log scale)" if zero_drawn else ""
     return _save(figure, path), caption
 

@@ -343,3 +343,29 @@ def write_teacher_forced(report: Any, result: TeacherForced, *, case: str, mode:
                 **where,
             )
     report.verdict(result.compared, case=case, mode=mode, site="teacher_forced", better="equal")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the review page reads back (info rows beside the gate rows above)
+# ---------------------------------------------------------------------------------------------
+
+
+def token_text(tokens: torch.Tensor) -> str:
+    """The `detail` of a `tokens` info row: each batch row's token ids, `row R: t0 t1 ...`, rows
+    joined by `; ` (the review page shows the target's and the reference's side by side)."""
+    return "; ".join(f"row {r}: " + " ".join(str(t) for t in row) for r, row in enumerate(tokens.tolist()))
+
+
+def step_errors(want: torch.Tensor, have: torch.Tensor) -> list[float]:
+    """Per step, the largest |have - want| of the step logits ([B, N, V]) over batch rows and
+    vocabulary (NaN counted as inf), over the steps both sides have."""
+    steps = min(int(want.shape[1]), int(have.shape[1]))
+    per_step = (have[:, :steps].double() - want[:, :steps].double()).abs().nan_to_num(nan=float("inf")).amax(dim=(0, 2))
+    return [float(v) for v in per_step]
+
+
+def step_errors_text(errors: Sequence[float]) -> str:
+    """The `detail` of a `step_max_abs` info row: the per-step values after the last `: `, in step
+    order (the review page plots them)."""
+    last = len(errors) - 1
+    return f"largest |target - reference| of the step logits per step, steps 0-{last}: " + " ".join(f"{e:.3g}" for e in errors)

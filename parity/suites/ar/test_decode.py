@@ -12,6 +12,10 @@ serving engine captures it). Two metrics (`parity/suites/ar/decode.py`):
   (rows per bucket of steps, and `compared_steps`, which must equal the case's steps). In bf16 a
   tie flip at step 2-8 is common; this metric still judges the remaining steps.
 
+For the review page's decode view, info rows beside the gates: `tokens` (site `reference` and
+`target`: the free-running sequences) and `step_max_abs` (site `teacher_forced`: the step logits'
+largest difference per step).
+
 One prompt's decode must cross from und into gen tokens, so decode routing keeps following token
 ids (the mask is re-derived every step).
 """
@@ -23,14 +27,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from parity.compare import flag_rule
+from parity.compare import FAIL, PASS, TIE_FLIP, flag_rule
 from parity.suites.ar.decode import (
     ReferenceDecode,
     graph_step,
     judge_free_running,
     judge_teacher_forced,
     reference_decode,
+    step_errors,
+    step_errors_text,
     teacher_forced_step_logits,
+    token_text,
     write_teacher_forced,
 )
 from parity.suites.ar.support import CASES, ARModels, DecodeCase, ids_of
@@ -85,6 +92,16 @@ def test_greedy_decode_matches_reference(case, mode: str, ar_models, report, dev
 
     judged = judge_free_running(models, reference, got.tokens, got.step_logits)
     report.verdict(judged.matched, case=case.name, mode=mode, better="higher")
+    for side, sequence in (("reference", reference.tokens), ("target", got.tokens)):  # the page shows both
+        report.info(
+            case=case.name,
+            mode=mode,
+            site=side,
+            metric="tokens",
+            value=int(sequence.shape[1]),
+            verdict=judged.matched.verdict,
+            detail=token_text(sequence),
+        )
     if judged.logits is not None:
         report.verdict(judged.logits, case=case.name, mode=mode, site=judged.site)
         for metric in ("max_abs", "max_ulp"):
@@ -134,4 +151,18 @@ def test_teacher_forced_decode_matches_reference(case, mode: str, ar_models, rep
         run, step = graph_step(models, mode, batch)
         with run:
             logits = teacher_forced_step_logits(models.target, prompt, reference.tokens, step_fn=step)
-    write_teacher_forced(report, judge_teacher_forced(models, reference, logits), case=case.name, mode=mode)
+    forced = judge_teacher_forced(models, reference, logits)
+    write_teacher_forced(report, forced, case=case.name, mode=mode)
+    errors = step_errors(reference.step_logits, logits)  # per step, for the page's plot (the gate rows are per bucket)
+    if errors:
+        bucket_verdicts = {bucket.verdict.verdict for bucket in forced.buckets}
+        report.info(
+            case=case.name,
+            mode=mode,
+            site="teacher_forced",
+            metric="step_max_abs",
+            value=max(errors),
+            verdict=next((v for v in (FAIL, TIE_FLIP) if v in bucket_verdicts), PASS),
+            detail=step_errors_text(errors),
+            better="lower",
+        )
