@@ -19,7 +19,8 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-RELEASE = "reference_models.release"
+RELEASE = "reference_models.release"  # the layout helpers (read_config_json, describe_value, ...)
+LAYOUTS = "reference_models.families"  # LAYOUTS: each family's ReleaseLayout, keyed like parity.target.FAMILIES
 HF_CHECKPOINT = "reference_models.common.hf_checkpoint"
 METADATA_KEYS = ("model_type", "architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path")
 LIST_LIMIT = 8
@@ -96,10 +97,12 @@ def tensor_problems(hf: Any, directory: Path) -> list[str]:
 def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", device: str = "cpu") -> Inspection:
     import torch
 
-    from parity.target import TargetError, resolve_target
+    from parity.target import FAMILIES, TargetError, resolve_target
 
     release = importlib.import_module(RELEASE)
     hf = importlib.import_module(HF_CHECKPOINT)
+    layouts = importlib.import_module(LAYOUTS).LAYOUTS
+    reference = resolve_target("reference")
     directory = Path(directory)
     ok = True
     data = release.read_config_json(directory)
@@ -121,18 +124,17 @@ def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", devi
     except TargetError as exc:
         target, ok = None, False
         lines.append(f"target: {exc}")
-    for family in release.FAMILIES.values():
+    for key, family in layouts.items():
+        record = FAMILIES[key]  # the one definition of the family: its name, the member that loads it
         own = {n: family.local_name(n) for n in names}
         own = {n: found for n, found in own.items() if found is not None}
         keys = [k for k in family.config_keys if k in data]
         if not own:  # a release DiT directory states the LLM's width in llm_config without holding the LLM
-            lines.append(
-                f"{family.name}: not in this checkpoint" + (f" (config keys {', '.join(keys)}, no tensors)" if keys else "")
-            )
+            lines.append(f"{key}: not in this checkpoint" + (f" (config keys {', '.join(keys)}, no tensors)" if keys else ""))
             continue
         read_keys.update(keys)
         claimed.update(own)
-        lines.append(f"{family.name}: config from {', '.join(keys) or 'config.json'}")
+        lines.append(f"{key}: config from {', '.join(keys) or 'config.json'}")
         try:
             parsed = family.parse(data, str(directory / "config.json"))
         except ValueError as exc:
@@ -152,11 +154,12 @@ def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", devi
         for reason in sorted(set(known.values())):
             group = sorted(n for n, r in known.items() if r == reason)
             lines.append(f"    not used ({reason}): {_groups(group)}")
-        sides = [("reference", lambda d=directory, f=family: f.reference_loader(d, device, torch.float32))]
+        ref_load = getattr(reference, record.loader)
+        sides = [("reference", lambda d=directory, load=ref_load: load(d, device, torch.float32))]
         if target is not None:
-            loader = getattr(target, family.target_loader, None)
+            loader = getattr(target, record.loader, None)
             if loader is None:
-                lines.append(f"    target {target_spec}: provides no {family.target_loader}: not inspected")
+                lines.append(f"    target {target_spec}: provides no {record.loader}: not inspected")
             else:
                 sides.append((f"target {target_spec}", lambda d=directory, load=loader: load(d, device, torch.float32)))
         for label, load in sides:

@@ -101,6 +101,8 @@ class Family:
     members: tuple[str, ...]
     suites: tuple[str, ...]
     probe: str
+    loader: str = ""  # the member that loads it from a checkpoint directory (inspect-checkpoint calls it on both sides)
+    layout: str = ""  # "module:attr" of the model side's ReleaseLayout (reference_models.families.LAYOUTS[key])
 
 
 FAMILIES: dict[str, Family] = {
@@ -113,6 +115,8 @@ FAMILIES: dict[str, Family] = {
             ("load_ar", "build_ar"),
             ("expert_selection", "fail_closed_capture", "embedding_clamp", "numerics", "decode", "weight_coverage", "recompiles"),
             "parity.suites.ar.conformance:probe",
+            loader="load_ar",
+            layout="reference_models.ar.release:LAYOUT",
         ),
         Family(
             "dit",
@@ -121,6 +125,8 @@ FAMILIES: dict[str, Family] = {
             ("load_dit", "build_dit"),
             ("recompiles", "numerics", "image", "sampler"),
             "parity.suites.dit.conformance:probe",
+            loader="load_dit",
+            layout="reference_models.dit.release:LAYOUT",
         ),
         Family("routing", "routing", "router", ("router",), ("routing",), "parity.suites.routing.conformance:probe"),
     )

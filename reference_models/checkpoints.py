@@ -2,7 +2,9 @@
 
 `make_checkpoint(kind, size, seed, out_dir)` writes an HF-style directory through the maker
 registered for `kind` in `MAKERS` ("ar" here, "dit" from `dit_checkpoint`; other model families add their
-own entry). `random_state_dict(config, seed, device, dtype)` is the in-memory path for full-size
+own entry), or with `layout="release"` the released composite's layout through `RELEASE_WRITERS`
+(`write_release_checkpoint`; each family's `release.py` says how its part is named). The kinds are
+the family keys of `parity.target.FAMILIES` (tests/test_layering.py checks both registries). `random_state_dict(config, seed, device, dtype)` is the in-memory path for full-size
 GPU configurations that should never touch disk.
 
 Init (docs/model.md §9): seeded normal(0, 0.02) for matrices, embeddings and biases, and
@@ -16,19 +18,26 @@ copies of one seed are roundings of the same fp32 draw.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from reference_models.ar import release as ar_release
 from reference_models.ar.config import MammothModa2ARConfig, ar_config
 from reference_models.ar.model import MammothModa2ForCausalLM, Qwen2RMSNorm
 from reference_models.common import hf_checkpoint
+from reference_models.common.release_layout import CONFIG_FILE, RELEASE_MODEL_TYPE
+from reference_models.dit import checkpoint as dit_checkpoint
+from reference_models.dit import config as dit_config
+from reference_models.dit import release as dit_release
 from reference_models.dit.checkpoint import make_dit_checkpoint
 
 INIT_STD = 0.02  # matrices, embeddings and biases
@@ -107,6 +116,52 @@ MAKERS["ar"] = make_ar_checkpoint
 MAKERS["dit"] = make_dit_checkpoint
 
 
+# ---------------------------------------------------------------------------------------------
+# The release layout (make-checkpoint --layout release): per family key, (size, seed) -> (its
+# config.json sections, its tensors under release names)
+# ---------------------------------------------------------------------------------------------
+
+ReleaseWriter = Callable[[str, int], tuple[dict[str, Any], dict[str, torch.Tensor]]]
+
+
+def _write_ar_release(size: str, seed: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    config = ar_config(size)
+    state = random_state_dict(config, seed, "cpu", torch.float32)
+    return ar_release.ar_release_config(config), ar_release.release_state_dict(state)
+
+
+def _write_dit_release(size: str, seed: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    config = dit_config.config_for_size(size)
+    state = dit_checkpoint.random_state_dict(config, seed)
+    keys = dit_release.release_config_dict(config)
+    for name in ("model_type", "architectures"):
+        keys.pop(name, None)
+    return keys, dit_release.release_state_dict(config, state, seed)
+
+
+RELEASE_WRITERS: dict[str, ReleaseWriter] = {"ar": _write_ar_release, "dit": _write_dit_release}
+
+
+def write_release_checkpoint(
+    families: tuple[str, ...], size: str, seed: int, out_dir: str | Path, *, max_shard_bytes: int | None = None
+) -> Path:
+    """A directory in the release layout holding `families` (each registered in `RELEASE_WRITERS`)."""
+    unknown = [f for f in families if f not in RELEASE_WRITERS]
+    if unknown:
+        raise ValueError(f"no release layout registered for {unknown}; registered: {sorted(RELEASE_WRITERS)}")
+    config: dict[str, Any] = {"model_type": RELEASE_MODEL_TYPE, "architectures": ["Mammothmoda2Model"]}
+    tensors: dict[str, torch.Tensor] = {}
+    for name in families:
+        keys, family_tensors = RELEASE_WRITERS[name](size, seed)
+        for key, value in keys.items():  # a section two families write (llm_config): the first one's stays
+            config.setdefault(key, value)
+        tensors.update(family_tensors)
+    out_dir = Path(out_dir)
+    hf_checkpoint.save_state_dict(out_dir, tensors, max_shard_bytes=max_shard_bytes)
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
 WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json")
 
 
@@ -122,7 +177,7 @@ def make_checkpoint(kind: str, size: str, seed: int, out_dir: str | Path, *, lay
     """Write a random checkpoint of model family `kind` ("ar" or "dit") and `size` to `out_dir`.
 
     `layout` "parity": parity's own directory (flat config.json, upstream names); "release": the
-    released model's layout (`reference_models.release`: nested config.json, prefixed names) with
+    released model's layout (`write_release_checkpoint`: nested config.json, prefixed names) with
     the same weights. `options` go to the maker (e.g. `max_shard_bytes` for a sharded directory).
 
     The checkpoint is written next to `out_dir` first and then moved in, replacing the weight
@@ -139,8 +194,6 @@ def make_checkpoint(kind: str, size: str, seed: int, out_dir: str | Path, *, lay
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.writing-", dir=out_dir.parent))
     try:
         if layout == "release":
-            from reference_models.release import write_release_checkpoint
-
             write_release_checkpoint((kind,), size, seed, staging, **options)
         else:
             MAKERS[kind](size, seed, staging, **options)

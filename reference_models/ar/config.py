@@ -5,7 +5,9 @@ fields plus `extra_gen_vocab`, `gen_vocab_size`, `gen_vocab_start_index`, `moe_t
 `config.json` written here reads like upstream's and the other way round. `moe_enable` is
 upstream's per-layer switch (docs/model.md §4): half-open, 0-based ranges and a substring test on the
 layer type. Named configurations (docs/model.md §9): `ar_config("tiny")` for the CPU lane and
-`ar_config("full")` with the Preview widths.
+`ar_config("full")` with the Preview widths. `parse_ar` reads either form of a `config.json`: this
+flat one, or a release's nested `llm_config.text_config` (with upstream's defaults for absent keys);
+it lives beside the config class so that `from_pretrained` needs no module above this one.
 """
 
 from __future__ import annotations
@@ -13,11 +15,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reference_models.common import hf_checkpoint
+from reference_models.common.release_layout import (
+    CONFIG_FILE,
+    ParsedConfig,
+    ReleaseConfigError,
+    is_release_config,
+)
 
 MOE_TYPES = ("none", "attention", "ffn", "ffn_attention")
 
@@ -72,7 +81,7 @@ def moe_enable(moe_type: str, layer_type: str, layer_idx: int) -> bool:
 
 # Values no model can run (the types are `hf_checkpoint.check_field_types`' business): a size of
 # zero, a negative, zero or NaN eps or theta. `value_problem` is applied to the flat config and to
-# the release's (`reference_models.release.parse_ar`) alike, and again when the config is built.
+# the release's (`parse_ar` below) alike, and again when the config is built.
 POSITIVE_INTS = (
     "vocab_size",
     "hidden_size",
@@ -202,12 +211,10 @@ class MammothModa2ARConfig:
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> MammothModa2ARConfig:
         """The AR config of a parity directory (flat, strict) or a release one (nested, read as
-        `reference_models.release.parse_ar` does)."""
+        `parse_ar` does)."""
         path = Path(directory) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{directory}: no config.json (an HF-style checkpoint directory needs one)")
-        from reference_models.release import parse_ar
-
         return parse_ar(hf_checkpoint.read_json_object(path), str(path)).config
 
 
@@ -278,3 +285,169 @@ def token_layout(size: str) -> TokenLayout:
 
 
 AR_SIZES = tuple(_CONFIGS)
+
+
+# llm_config.model_type of a release: the Preview backbone (Qwen2.5-VL) and Dev (Qwen3-VL).
+QWEN2_LLM, QWEN3_LLM = "mammothmoda2_qwen2_5_vl", "mammothmoda2_qwen3_vl"
+
+# ---------------------------------------------------------------------------------------------
+# The release's form: llm_config.text_config of a release config.json (docs/checkpoints.md)
+# ---------------------------------------------------------------------------------------------
+
+# Upstream's text-config defaults for a key the release leaves out (the classes' __init__ defaults:
+# Mammothmoda2Qwen2_5_VLTextConfig and Mammothmoda2Qwen3VLTextConfig). `gen_vocab_start_index`
+# None means "derived": vocab_size with extra_gen_vocab, vocab_size - gen_vocab_size without.
+TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
+    QWEN2_LLM: {
+        "vocab_size": 152064,
+        "hidden_size": 8192,
+        "intermediate_size": 29568,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1_000_000.0,
+        "tie_word_embeddings": False,
+        "extra_gen_vocab": True,
+        "gen_vocab_size": 32800,
+        "gen_vocab_start_index": None,
+        "moe_type": "ffn",
+    },
+    QWEN3_LLM: {
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 22016,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 5_000_000.0,
+        "tie_word_embeddings": False,
+        "extra_gen_vocab": True,
+        "gen_vocab_size": 32800,
+        "gen_vocab_start_index": 152064,
+        "moe_type": "ffn",
+    },
+}
+# Keys of llm_config that upstream copies into text_config when text_config lacks them.
+LLM_LEVEL_KEYS = ("extra_gen_vocab", "gen_vocab_size", "gen_vocab_start_index", "moe_type")
+# text_config keys the models read neither way, each with why that is safe for parity's cases.
+TEXT_IGNORED_REASONS = {
+    "rope_scaling": "M-RoPE sections: text and gen rows carry equal t/h/w positions, so they reduce to 1-D RoPE",
+    "max_position_embeddings": "a length limit, not a weight or an op",
+    "attention_dropout": "training only",
+    "initializer_range": "training only",
+    "use_cache": "a generate() switch",
+    "max_window_layers": "sliding window is off (use_sliding_window false)",
+    "sliding_window": "sliding window is off (use_sliding_window false)",
+    "use_sliding_window": "false: full attention on every layer",
+    "layer_types": "every layer full_attention",
+    "image_token_id": "image understanding placeholders: no vision input in parity's cases",
+    "video_token_id": "video understanding placeholders: no vision input in parity's cases",
+    "attention_bias": "the Qwen2.5 text path always has q/k/v biases, Qwen3 never",
+    "head_dim": "equals hidden_size / num_attention_heads",
+    "model_type": "the text config's own class name (llm_config.model_type selects the backbone)",
+}
+
+
+def _mrope_sections(rope_scaling: Any, head_dim: int, where: str) -> None:
+    """Refuse an M-RoPE layout the 1-D reduction does not cover: sections must split head_dim / 2."""
+    if rope_scaling is None:
+        return
+    if not isinstance(rope_scaling, Mapping):
+        raise ReleaseConfigError(f"{where}.rope_scaling: expected an object, got {type(rope_scaling).__name__}")
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if kind not in ("default", "mrope"):
+        raise ReleaseConfigError(
+            f"{where}.rope_scaling.rope_type {kind!r}: only default / mrope RoPE is implemented (no scaled RoPE)"
+        )
+    sections = rope_scaling.get("mrope_section")
+    if sections is not None and (not isinstance(sections, list) or sum(sections) != head_dim // 2):
+        raise ReleaseConfigError(
+            f"{where}.rope_scaling.mrope_section {sections!r} must be a list summing to head_dim / 2 = {head_dim // 2}"
+        )
+
+
+def _check_text_values(values: Mapping[str, Any], where_of: Mapping[str, str], source: str) -> None:
+    """The release's text settings with the checks the flat layout applies (types, then values a
+    model cannot run: zero sizes, a negative or NaN eps), one line naming the key path."""
+    for key, value in values.items():
+        if key not in where_of:
+            continue  # upstream's default
+        try:
+            hf_checkpoint.check_field_types(MammothModa2ARConfig, {key: value}, source, prefix=f"{where_of[key]}.")
+        except ValueError as exc:
+            raise ReleaseConfigError(str(exc)) from None
+        problem = value_problem(key, value)
+        if problem:
+            raise ReleaseConfigError(f"{source}: key '{where_of[key]}.{key}': {problem}, found {type(value).__name__} {value!r}")
+
+
+def parse_ar(data: Mapping[str, Any], source: str = CONFIG_FILE) -> ParsedConfig:
+    """The AR config of a release config.json (or of parity's flat one, read as before)."""
+    if not is_release_config(data):
+        config = MammothModa2ARConfig.from_dict(dict(data), source=source)
+        recognised = {f.name: (getattr(config, f.name), f.name) for f in dataclasses.fields(config)}
+        return ParsedConfig(config, recognised, {})
+    llm = data.get("llm_config")
+    if not isinstance(llm, Mapping):
+        raise ReleaseConfigError(f"{source}: a release config needs an llm_config object")
+    llm_type = llm.get("model_type", QWEN2_LLM)
+    if llm_type not in TEXT_DEFAULTS:
+        raise ReleaseConfigError(f"{source}: llm_config.model_type {llm_type!r} is not one of {', '.join(TEXT_DEFAULTS)}")
+    text = llm.get("text_config") or {}
+    if not isinstance(text, Mapping):
+        raise ReleaseConfigError(f"{source}: key 'llm_config.text_config': expected a JSON object, found {type(text).__name__}")
+    # Before text_config existed (and for keys it lacks), the text settings sit on llm_config itself.
+    where_of = dict.fromkeys(text, "llm_config.text_config")
+    merged = dict(text)
+    for key, value in llm.items():
+        if key in ("text_config", "vision_config", "model_type") or key in merged:
+            continue
+        if key in TEXT_DEFAULTS[llm_type] or key in LLM_LEVEL_KEYS:
+            merged[key], where_of[key] = value, "llm_config"
+    # Upstream builds gen_head from llm_config's own gen_vocab_size and the gen table from
+    # text_config's: two values that disagree are two shapes for one vocabulary.
+    for key in ("gen_vocab_size", "extra_gen_vocab"):
+        if key in llm and key in text and llm[key] != text[key]:
+            raise ReleaseConfigError(
+                f"{source}: llm_config.{key} = {llm[key]!r} contradicts llm_config.text_config.{key} = {text[key]!r}"
+            )
+    recognised: dict[str, tuple[Any, str]] = {}
+    values: dict[str, Any] = {}
+    defaults = TEXT_DEFAULTS[llm_type]
+    for key, default in defaults.items():
+        if key in merged:
+            values[key], recognised[key] = merged[key], (merged[key], f"{where_of[key]}.{key}")
+        else:
+            values[key], recognised[key] = default, (default, f"default ({llm_type})")
+    _check_text_values(values, where_of, source)  # before any arithmetic on them
+    if values["gen_vocab_start_index"] is None:
+        derived = values["vocab_size"] if values["extra_gen_vocab"] else values["vocab_size"] - values["gen_vocab_size"]
+        values["gen_vocab_start_index"] = derived
+        recognised["gen_vocab_start_index"] = (derived, "derived from vocab_size (upstream's rule)")
+    values["model_type"] = llm_type
+    recognised["model_type"] = (llm_type, "llm_config.model_type")
+    head_dim = values["hidden_size"] // values["num_attention_heads"]
+    _mrope_sections(merged.get("rope_scaling"), head_dim, f"{source}: {where_of.get('rope_scaling', 'llm_config')}")
+    if merged.get("use_sliding_window"):
+        raise ReleaseConfigError(f"{source}: use_sliding_window true: sliding-window attention is not implemented")
+    kinds = set(merged.get("layer_types") or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise ReleaseConfigError(f"{source}: layer_types {sorted(kinds)}: only full_attention layers are implemented")
+    if "head_dim" in merged and merged["head_dim"] != head_dim:
+        raise ReleaseConfigError(f"{source}: head_dim {merged['head_dim']} is not hidden_size / num_attention_heads = {head_dim}")
+    try:
+        config = MammothModa2ARConfig(**values)
+    except ValueError as exc:
+        raise ReleaseConfigError(f"{source}: {exc}") from exc
+    ignored = {f"{where_of[k]}.{k}": v for k, v in merged.items() if k not in defaults}
+    skip = ("text_config", "vision_config", "model_type")
+    ignored.update({f"llm_config.{k}": v for k, v in llm.items() if k not in skip and k not in merged})
+    reasons = {path: TEXT_IGNORED_REASONS.get(path.rsplit(".", 1)[-1], "not read by the AR models") for path in ignored}
+    if "vision_config" in llm:
+        ignored["llm_config.vision_config"] = llm["vision_config"]
+        reasons["llm_config.vision_config"] = "the vision tower: image understanding is out of parity's scope"
+    return ParsedConfig(config, recognised, ignored, reasons)

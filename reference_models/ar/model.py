@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reference_models import families
+from reference_models.ar import release as ar_release
 from reference_models.ar.config import MammothModa2ARConfig
 from reference_models.common import hf_checkpoint
 
@@ -402,12 +404,10 @@ class MammothModa2ForCausalLM(nn.Module):
     def from_pretrained(
         cls, directory: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
     ) -> MammothModa2ForCausalLM:
-        """From a parity or a release directory (`reference_models.release.load_ar`: the nested
-        config, the prefixed names); `checkpoint_file_names` keeps how the directory spells each
-        tensor whose name differs from the module's."""
-        from reference_models.release import load_ar
-
-        config, state_dict, spelt = load_ar(directory, device=device)
+        """From a parity or a release directory (`reference_models.ar.release.load_ar`: the nested
+        config, the prefixed names; the other families' tensors left to them); `checkpoint_file_names`
+        keeps how the directory spells each tensor whose name differs from the module's."""
+        config, state_dict, spelt = ar_release.load_ar(directory, device=device, others=families.others("ar"))
         model = cls.from_state_dict(config, state_dict, device, dtype, source=str(directory))
         model.checkpoint_file_names = {k: v for k, v in spelt.items() if k != v}
         return model

@@ -8,7 +8,9 @@ Its state dict puts the transformer under `gen_transformer.`, the VAE under `gen
 LLM under `llm_model.`. This module maps that layout onto the reference's `DiTConfig` and tensor
 names and says, for every release tensor this pipeline does not read, why; it is the DiT family's
 hook for a release-layout reader (`read_checkpoint` calls it when `config.json` is a release
-config) and for `make_dit_checkpoint(..., layout="release")`.
+config) and for `make_dit_checkpoint(..., layout="release")`. `LAYOUT` (at the end) is the family's
+`ReleaseLayout` (config keys, `parse_dit`, tensor rules), registered under "dit" in
+`reference_models/families.py`.
 
 The decoder: a released directory decodes with its VAE (`gen_vae.*`, diffusers' `AutoencoderKL`
 built from `gen_vae_config`: `vae.py`); a parity-written release directory carries parity's seeded
@@ -20,12 +22,14 @@ neither cannot decode. Tensors under a prefix no family claims are listed and ne
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from reference_models.common.hf_checkpoint import check_field_types
+from reference_models.common.release_layout import CONFIG_FILE, ParsedConfig, ReleaseLayout, TensorRule
 
 from .config import DecoderConfig, DiTConfig
 
@@ -311,3 +315,71 @@ def release_state_dict(config: DiTConfig, state: Mapping[str, torch.Tensor], see
     for name, shape in extra.items():
         out[name] = (torch.randn(shape, generator=generator) * 0.02).to(torch.bfloat16).float()
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The family's ReleaseLayout (registered under "dit" in reference_models/families.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_dit(data: Mapping[str, Any], source: str = CONFIG_FILE) -> ParsedConfig:
+    """The DiT config of a release config.json (docs/model.md §10), or of parity's flat DiT one."""
+    if not is_release_config(data):
+        config = DiTConfig.from_json_dict(dict(data), source=source)
+        fields = [f.name for f in dataclasses.fields(config) if f.name not in ("decoder", "name")]
+        return ParsedConfig(config, {name: (getattr(config, name), name) for name in fields}, {})
+    config, notes = config_from_release(data, source)
+    given = data.get("gen_dit_config") or {}
+    recognised: dict[str, tuple[Any, str]] = {}
+    for field in dataclasses.fields(config):
+        if field.name in ("decoder", "name"):
+            continue
+        if field.name == "text_feat_dim" and _llm_width(data) is not None:
+            where = "llm_config text width (the caption embedder is re-created for it)"
+        elif field.name == "rope_theta":
+            where = "hard-coded upstream"
+        else:
+            where = f"gen_dit_config.{field.name}" if field.name in given else "default (diffusers Transformer2DModel)"
+        recognised[field.name] = (getattr(config, field.name), where)
+    for name in ("latent_channels", "scaling_factor", "shift_factor"):
+        source_key = "gen_vae_config." + name if name in (data.get("gen_vae_config") or {}) else "default"
+        recognised[f"decoder.{name}"] = (getattr(config.decoder, name), source_key)
+    paths = {key: key if key in data or key.startswith("gen_dit_config.") else f"gen_dit_config.{key}" for key in notes}
+    ignored = {paths[key]: _lookup(data, paths[key]) for key in notes}
+    return ParsedConfig(config, recognised, ignored, {paths[key]: reason for key, reason in notes.items()})
+
+
+def _lookup(data: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted key path of a config ("gen_dit_config.axes_lens"), or of a top-level key."""
+    if path in data:
+        return data[path]
+    value: Any = data
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def _dit_rules() -> tuple[TensorRule, ...]:
+    unused = tuple(TensorRule(prefix, None, reason) for prefix, reason in UNUSED_TENSORS if not prefix.startswith("llm_model."))
+    return (
+        *unused,  # the more specific prefixes first: they sit under gen_transformer.
+        TensorRule(TRANSFORMER_PREFIX, ""),
+        TensorRule(DECODER_PREFIX, DECODER_PREFIX, ""),
+        # The release's VAE decodes (docs/model.md §10), unless parity's stand-in is present.
+        TensorRule(VAE_PREFIX, VAE_PREFIX, ""),
+    )
+
+
+LAYOUT = ReleaseLayout(
+    key="dit",
+    config_keys=(
+        "gen_dit_config",
+        "gen_vae_config",
+        "gen_axes_dim_rope",
+        "gen_axes_lens",
+        STAND_IN_DECODER_KEY,
+        "llm_config",
+    ),
+    parse=parse_dit,
+    rules=_dit_rules(),
+)
