@@ -14,7 +14,7 @@ diverging layer is the first failing leaf. Two rules turn a diff into a `Verdict
   candidate's dtype as the floor: every term of its bound is measured in the run.
 
 Scalar checks go through `count_rule`, `threshold_rule`, `flag_rule` and `equality_rule`, so
-every suite row's value, threshold and verdict come from one place.
+every suite row's value, threshold, verdict and direction (`Verdict.better`) come from one place.
 
 Non-finite values never raise: they give a `fail` verdict whose detail says "non-finite".
 """
@@ -41,10 +41,15 @@ from parity.compare.rules import (
 )
 from parity.compare.verdict import (
     BOUND_KINDS,
+    DIFF_METRIC_BETTER,
+    DIRECTIONS,
+    EQUAL,
     ERROR,
     EXACT,
     FAIL,
     FIXED,
+    HIGHER,
+    LOWER,
     MEASURED,
     NOT_APPLICABLE,
     PASS,
@@ -53,6 +58,7 @@ from parity.compare.verdict import (
     VERDICTS,
     Tolerance,
     Verdict,
+    better_of,
 )
 
 __all__ = [
@@ -67,6 +73,12 @@ __all__ = [
     "rounding_floor",
     "threshold_rule",
     "BOUND_KINDS",
+    "DIFF_METRIC_BETTER",
+    "DIRECTIONS",
+    "EQUAL",
+    "HIGHER",
+    "LOWER",
+    "better_of",
     "ERROR",
     "EXACT",
     "FAIL",

@@ -23,7 +23,9 @@ row's value, threshold and verdict always agree):
 * `equality_rule`: two values that must be equal (the layers a config enables), recorded as 1 or
   0 against 1 with both values in the detail.
 
-docs/tolerances.md derives each rule and says where it applies.
+Each rule's `Verdict` carries its direction (`Verdict.better`: at most `lower`, at least `higher`,
+exactly / a flag / an equality `equal`; the tensor rules judge errors: `lower`), and the row writer
+takes it from there. docs/tolerances.md derives each rule and says where it applies.
 """
 
 from __future__ import annotations
@@ -36,7 +38,20 @@ from typing import Any, Literal
 import torch
 
 from parity.compare.diff import diff
-from parity.compare.verdict import BOUND_KINDS, FAIL, FIXED, MEASURED, PASS, TIE_FLIP, Tolerance, Verdict
+from parity.compare.verdict import (
+    BOUND_KINDS,
+    DIRECTIONS,
+    EQUAL,
+    FAIL,
+    FIXED,
+    HIGHER,
+    LOWER,
+    MEASURED,
+    PASS,
+    TIE_FLIP,
+    Tolerance,
+    Verdict,
+)
 
 
 def allclose_rule(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance, *, name: str = "output") -> Verdict:
@@ -195,8 +210,9 @@ def classify_decision(
 
 AT_MOST, AT_LEAST, EXACTLY = "at_most", "at_least", "exactly"
 Direction = Literal["at_most", "at_least", "exactly"]
-# The report's `better` column for each direction (how a baseline comparison reads the value).
-BETTER = {AT_MOST: "lower", AT_LEAST: "higher", EXACTLY: "equal"}
+# The report's `better` column for each direction (how a baseline comparison reads the value):
+# the `Verdict.better` of a count_rule / threshold_rule.
+BETTER = {AT_MOST: LOWER, AT_LEAST: HIGHER, EXACTLY: EQUAL}
 _WORDS = {AT_MOST: "at most", AT_LEAST: "at least", EXACTLY: "exactly"}
 
 
@@ -214,12 +230,13 @@ def count_rule(value: int, threshold: int, *, metric: str, at: Direction = AT_MO
     """A count held to a policy: `value` at most, at least or exactly `threshold`.
 
     Counts are integers (a bool is refused: use `flag_rule`), so the verdict needs no tolerance.
+    Its direction follows `at` (`BETTER`): at most is better lower, at least higher, exactly equal.
     """
     for name, number in (("value", value), ("threshold", threshold)):
         if isinstance(number, bool) or not isinstance(number, numbers.Integral):
             raise TypeError(f"count_rule({metric}): {name} must be an int count, got {type(number).__name__} {number!r}")
     verdict = PASS if _holds(value, threshold, at) else FAIL
-    return Verdict(verdict, metric, int(value), int(threshold), detail, FIXED)
+    return Verdict(verdict, metric, int(value), int(threshold), detail, FIXED, BETTER[at])
 
 
 def threshold_rule(
@@ -235,7 +252,7 @@ def threshold_rule(
 
     `bound` says how the threshold was set (`fixed` policy or `measured` in this run). A NaN value
     or threshold never passes (its detail says "non-finite"); +inf passes `at_least` (identical
-    images have PSNR inf) and fails `at_most`.
+    images have PSNR inf) and fails `at_most`. Its direction follows `at`: at most lower, at least higher.
     """
     if at == EXACTLY:
         raise ValueError(f"threshold_rule({metric}): 'exactly' is for counts (count_rule); a float needs a tolerance")
@@ -244,26 +261,43 @@ def threshold_rule(
     value, threshold = float(value), float(threshold)
     if math.isnan(value) or math.isnan(threshold):
         text = f"non-finite: {metric}={value} against {_WORDS[at]} {threshold}"
-        return Verdict(FAIL, metric, value, threshold, f"{text}; {detail}" if detail else text, bound)
+        return Verdict(FAIL, metric, value, threshold, f"{text}; {detail}" if detail else text, bound, BETTER[at])
     verdict = PASS if _holds(value, threshold, at) else FAIL
-    return Verdict(verdict, metric, value, threshold, detail, bound)
+    return Verdict(verdict, metric, value, threshold, detail, bound, BETTER[at])
 
 
-def flag_rule(ok: bool, *, metric: str, detail: str = "", value: float | None = None, threshold: float = 1) -> Verdict:
+def flag_rule(
+    ok: bool,
+    *,
+    metric: str,
+    detail: str = "",
+    value: float | None = None,
+    threshold: float = 1,
+    better: str | None = None,
+) -> Verdict:
     """A yes/no property (an attribute present, a capture refused, a phrase in a message).
 
     The row holds 1 / 0 against 1 unless `value` names the number the property was read from
     (e.g. the gen expert's call count when the property is "both experts ran").
+
+    Direction: 1 / 0 against 1 is `equal` (the answer must be yes). A `value` is a count read
+    beside the flag, by default of things that should not happen (`lower`: eager fallbacks, false
+    alarms); pass `better` when more of it is better (the gen expert's calls: `higher`).
     """
     if isinstance(ok, (numbers.Number, str)) and not isinstance(ok, bool):
         # a count or a message is not a yes/no answer: count_rule / threshold_rule say what they hold
         raise TypeError(f"flag_rule({metric}): ok must be a bool, got {type(ok).__name__} {ok!r}")
     ok = bool(ok)
-    return Verdict(PASS if ok else FAIL, metric, int(ok) if value is None else value, threshold, detail, FIXED)
+    if better is None:
+        better = EQUAL if value is None else LOWER
+    elif better not in DIRECTIONS:
+        raise ValueError(f"flag_rule({metric}): better must be one of {DIRECTIONS}, got {better!r}")
+    return Verdict(PASS if ok else FAIL, metric, int(ok) if value is None else value, threshold, detail, FIXED, better)
 
 
 def equality_rule(got: Any, expected: Any, *, metric: str, detail: str = "") -> Verdict:
-    """Two values that must be equal (lists, ids, names): 1 / 0 against 1, both values in the detail."""
+    """Two values that must be equal (lists, ids, names): 1 / 0 against 1, both values in the
+    detail; its direction is `equal`."""
     equal = bool(got == expected)
     text = f"got {got!r}, expected {expected!r}"
-    return Verdict(PASS if equal else FAIL, metric, int(equal), 1, f"{detail}: {text}" if detail else text, FIXED)
+    return Verdict(PASS if equal else FAIL, metric, int(equal), 1, f"{detail}: {text}" if detail else text, FIXED, EQUAL)

@@ -1,8 +1,9 @@
 """Verdicts and tolerances: what a check decided, on which number, against which bound and why.
 
 A `Tolerance` is an atol/rtol pair with its stated reason; a `Verdict` carries the verdict, the
-metric and value it was decided on, the bound it met and how that bound was set (`fixed` policy
-or `measured` in the same run). Report rows are written from verdicts (`parity.report`).
+metric and value it was decided on, the bound it met, how that bound was set (`fixed` policy
+or `measured` in the same run) and which way the value is better (`lower`, `higher`, `equal`:
+the rule that made it knows). Report rows are written from verdicts (`parity.report`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-# Verdict values of a report row (README "Reports"). `not_applicable`: the check cannot apply to
+# Verdict values of a report row (docs/reports.md §4). `not_applicable`: the check cannot apply to
 # this target or lane (the reason is in the detail); it is neither a pass nor a failure. `skip`: the
 # test did not run at all (pytest skipped it: another lane's mode, a family the target does not
 # provide); the plugin writes one info row per skipped test with pytest's reason, so a run accounts
@@ -24,6 +25,33 @@ VERDICTS = (PASS, FAIL, TIE_FLIP, ERROR, NOT_APPLICABLE, SKIP)
 # (parity.report.baseline, docs/machine-independence.md).
 FIXED, MEASURED = "fixed", "measured"
 BOUND_KINDS = (FIXED, MEASURED, "")
+# Which way a row's value is better (the report's `better` column, read by a baseline comparison):
+# an error or a count of defects is better lower, a PSNR or a count of things that must happen
+# higher, a count held to an exact number equal. A rule sets it on its `Verdict` (parity.compare.rules:
+# an at-most bound is LOWER, at-least HIGHER, exactly / a flag / an equality EQUAL), so the row
+# writer never has to be told beside the rule.
+LOWER, HIGHER, EQUAL = "lower", "higher", "equal"
+DIRECTIONS = (LOWER, HIGHER, EQUAL)
+# The info metrics of a diff (parity.compare.diff.TensorDiff) and their directions: an info row has
+# no rule to carry one, so the writers of a diff's numbers read it here (`better_of`).
+DIFF_METRIC_BETTER = {
+    "max_abs": LOWER,
+    "mean_abs": LOWER,
+    "rel_l2": LOWER,
+    "max_ulp": LOWER,
+    "n_bad": LOWER,
+    "nonfinite_ref": LOWER,
+    "nonfinite_cand": LOWER,
+    "nonfinite_mismatch": LOWER,
+    "cosine": HIGHER,
+    "argmax_agree": HIGHER,
+    "topk_agree": HIGHER,
+}
+
+
+def better_of(metric: str) -> str:
+    """The direction of one of a diff's metrics (`DIFF_METRIC_BETTER`); KeyError for any other."""
+    return DIFF_METRIC_BETTER[metric]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +86,7 @@ class Verdict:
     threshold: float | None
     detail: str = ""
     bound: str | None = None  # FIXED or MEASURED; None: FIXED when there is a threshold, else ''
+    better: str = LOWER  # the direction of `value` (a rule sets it; an error, the default, is better lower)
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -66,6 +95,8 @@ class Verdict:
             object.__setattr__(self, "bound", FIXED if self.threshold is not None else "")
         if self.bound not in BOUND_KINDS:
             raise ValueError(f"bound must be one of {BOUND_KINDS}, got {self.bound!r}")
+        if self.better not in DIRECTIONS:
+            raise ValueError(f"better must be one of {DIRECTIONS}, got {self.better!r}")
 
     @property
     def ok(self) -> bool:

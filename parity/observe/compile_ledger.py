@@ -417,7 +417,8 @@ class CompileLedger:
     # report rows --------------------------------------------------------------------------------
 
     def expect_compiles(self, target: Any, expected: int, *, why: str) -> dict[str, Any]:
-        """A judged row: `target` compiled exactly `expected` frames (`why` says where that number comes from)."""
+        """A judged row: `target` compiled exactly `expected` frames (`why` says where that number comes
+        from); held to exactly that number, its `better` is `equal`."""
         code = code_of(target)
         observed = self.compiles(code)
         reasons = self.recompile_reasons(code)
@@ -427,6 +428,7 @@ class CompileLedger:
             "threshold": expected,
             "verdict": "pass" if observed == expected else "fail",
             "detail": f"expected {expected} ({why}); {_reasons_detail(reasons)}",
+            "better": "equal",  # exactly this many compiles
         }
 
     def rows(self) -> list[dict[str, Any]]:

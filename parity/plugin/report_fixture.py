@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from parity.compare import ERROR, FAIL, PASS, TensorDiff, TreeDiff, Verdict
+from parity.compare import ERROR, FAIL, PASS, TensorDiff, TreeDiff, Verdict, better_of
 from parity.plugin.lanes import is_parity_test, suite_of
 from parity.plugin.session import RunSession, session_target
 from parity.report import ReportWriter
@@ -80,22 +80,28 @@ class SuiteReport:
         self.rows.append(row)
         return row
 
-    def verdict(self, verdict: Verdict, *, better: str = "lower", **where: Any) -> Verdict:
-        """Write the gate row of a `Verdict`; returns it so a caller can branch on `.ok`."""
+    def verdict(self, verdict: Verdict, *, better: str | None = None, **where: Any) -> Verdict:
+        """Write the gate row of a `Verdict`; returns it so a caller can branch on `.ok`.
+
+        The row's `better` is the verdict's own (`Verdict.better`: the rule that made it knows
+        whether its value is better lower, higher or equal). `better` overrides it only for a
+        `Verdict` built by hand without one; a rule's verdict needs none."""
         self.record(
             metric=verdict.metric,
             value=verdict.value,
             verdict=verdict.verdict,
             threshold=verdict.threshold,
             detail=verdict.detail,
-            better=better,
+            better=verdict.better if better is None else better,
             bound=verdict.bound,
             **where,
         )
         return verdict
 
     def info(self, *, metric: str, value: float | int | None, detail: str = "", verdict: str = PASS, **where: Any) -> None:
-        """A number recorded beside a decision (it does not decide a case)."""
+        """A number recorded beside a decision (it does not decide a case). No rule decided it, so
+        its direction is stated here: `better=` where it carries information (a diff's metrics:
+        `parity.compare.better_of`), else empty."""
         where.setdefault("better", "")
         self.record(metric=metric, value=value, verdict=verdict, detail=detail, kind="info", **where)
 
@@ -117,8 +123,9 @@ class SuiteReport:
             for metric in info:
                 value = getattr(leaf, metric)
                 if value is not None:
-                    better = "higher" if metric in ("cosine", "argmax_agree", "topk_agree") else "lower"
-                    self.info(metric=metric, value=value, verdict=verdict.verdict, detail=leaf.name, better=better, **where)
+                    self.info(
+                        metric=metric, value=value, verdict=verdict.verdict, detail=leaf.name, better=better_of(metric), **where
+                    )
         return verdict
 
     @contextlib.contextmanager

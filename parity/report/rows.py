@@ -39,7 +39,7 @@ RUN_INFO_FILE = "run.json"
 RUNNING, COMPLETE, INTERRUPTED, CRASHED, INCOMPLETE = "running", "complete", "interrupted", "crashed", "incomplete"
 RUN_STATUSES = (RUNNING, COMPLETE, INTERRUPTED, CRASHED, INCOMPLETE)
 
-# The columns of README "Reports": the run's context, `site` (where inside the model a number was
+# The columns of docs/reports.md §4: the run's context, `site` (where inside the model a number was
 # taken: `layer.3`, `logits`, `block.layers.1`, `step.12`; empty for whole-output checks), the
 # number and its bound, `kind` (gate = the row decided a verdict, info = a number recorded beside
 # it), `better` (lower / higher / equal: the direction a baseline comparison reads the value in),
@@ -229,7 +229,7 @@ class ReportWriter:
         return {k: _cell(v) for k, v in full.items()}
 
     # Rows that could not be written by this writer (a full disk, a file size limit): counted so the
-    # session can record the run as incomplete and exit non-zero (README "Reports").
+    # session can record the run as incomplete and exit non-zero (docs/reports.md §4).
     unwritten: int = 0
     unwritten_tests: frozenset[str] = frozenset()
     write_error: str = ""

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from parity.compare import FAIL, PASS, TIE_FLIP, flag_rule
+from parity.compare import FAIL, PASS, TIE_FLIP, better_of, flag_rule
 from parity.suites.ar.decode import (
     ReferenceDecode,
     graph_step,
@@ -113,7 +113,7 @@ def test_greedy_decode_matches_reference(case, mode: str, ar_models, report, dev
                 value=getattr(judged.measured, metric),
                 verdict=judged.logits.verdict,
                 detail=judged.measured.name,
-                better="lower",
+                better=better_of(metric),
             )
 
     generated = reference.tokens
@@ -130,7 +130,6 @@ def test_greedy_decode_matches_reference(case, mode: str, ar_models, report, dev
             ),
             case=case.name,
             mode=mode,
-            better="equal",
         )
     else:
         report.info(case=case.name, mode=mode, metric="gen_tokens_generated", value=gen_tokens, detail=detail)

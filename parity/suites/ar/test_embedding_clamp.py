@@ -134,4 +134,4 @@ def test_one_compiled_frame_across_lengths(ar_models, report) -> None:
             ids = torch.arange(length, device=models.device)[None] * 37 % (models.start + models.config.gen_vocab_size + 9) - 1
             compiled(ids)
     row = ledger.expect_compiles(models.target.embed, COMPILE.expected_compiles, why=COMPILE.reason)
-    report.record(case="lengths-" + "-".join(map(str, COMPILE.lengths)), mode="compiled", better="equal", **row)
+    report.record(case="lengths-" + "-".join(map(str, COMPILE.lengths)), mode="compiled", **row)

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 
-from parity.compare import AT_MOST, count_rule, diff, equality_rule, flag_rule
+from parity.compare import AT_MOST, EXACTLY, HIGHER, better_of, count_rule, diff, equality_rule, flag_rule
 from parity.contract import requirement
 from parity.runners import make_runner
 from parity.suites.ar.decode import DecodeGraphs
@@ -116,7 +116,7 @@ def _judge_against_golden(report, models, mode: str, case: str, ids, eager_logit
             metric=metric,
             value=getattr(measured, metric),
             verdict=verdict.verdict,
-            better="higher" if metric == "cosine" else "lower",
+            better=better_of(metric),
         )
 
 
@@ -152,7 +152,7 @@ def test_dummy_capture_runs_both_experts(mode: str, ar_models, report, device, t
                     gen_calls,
                     0,
                     metric="gen_expert_calls",
-                    at=AT_MOST,
+                    at=EXACTLY,  # no call at all (a count: the same verdict as at most 0)
                     detail=f"eager, all-und ids: fast path runs und only (und calls {und_calls})",
                 )
             else:  # both experts in the graph: the row shows the gen expert's calls
@@ -160,6 +160,7 @@ def test_dummy_capture_runs_both_experts(mode: str, ar_models, report, device, t
                     gen_calls >= 1 and und_calls >= 1,
                     metric="gen_expert_calls",
                     value=gen_calls,
+                    better=HIGHER,
                     detail=f"captured on all-zero ids: the graph holds both experts (und calls {und_calls})",
                 )
             report.verdict(
@@ -167,7 +168,6 @@ def test_dummy_capture_runs_both_experts(mode: str, ar_models, report, device, t
                 case="dummy-capture-all-und-ids",
                 mode=run_mode,
                 site=f"layer.{site.layer}",
-                better="equal" if run_mode == "eager" else "higher",
             )
 
 
@@ -236,13 +236,12 @@ def _keyed_decode_prompt(report, models, mode: str, graphs: DecodeGraphs, prompt
             gen_calls_without_gen,
             0,
             metric="gen_expert_calls_without_gen_tokens",
-            at=AT_MOST,
+            at=EXACTLY,  # none at all (a count: the same verdict as at most 0)
             detail=f"gen expert calls over the {und_steps} step(s) whose batch held no gen token (they must replay a "
             f"single-expert graph, not the blend); replays per key {replays}",
         ),
         case=case,
         mode=mode,
-        better="equal",
     )
 
 
@@ -288,7 +287,6 @@ def test_moe_type_layer_range(case, ar_models, report, target) -> None:
             detail=f"moe_type {case.moe_type!r}: the layers the target built gen experts on",
         ),
         case=case.name,
-        better="equal",
     )
     ids = models.ids(PROMPTS[2].rows)  # mixed
     with make_runner("eager", device=models.device).prepare(variant.forward, (ids,), taps=moe_taps(variant)) as run:

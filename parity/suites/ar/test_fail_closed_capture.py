@@ -36,7 +36,6 @@ def _record_refusal(report, target, mode: str, refused: bool, message: str, kind
         flag_rule(refused, metric="capture_refused", detail=f"{kind}: {message[:600]}"),
         case="capture-without-mask",
         mode=mode,
-        better="equal",
     )
     where = dict(case="capture-without-mask", mode=mode)
     if record_policy_not_applicable(report, target, "refusal_wording", metrics=list(REQUIRED_PHRASES), **where):
@@ -47,7 +46,6 @@ def _record_refusal(report, target, mode: str, refused: bool, message: str, kind
             flag_rule(present, metric=metric, detail=f"looked for {phrase!r} in the refusal ({requirement(metric).cite})"),
             case="capture-without-mask",
             mode=mode,
-            better="equal",
         )
 
 
@@ -100,7 +98,6 @@ def test_eager_without_mask_still_runs(ar_models, report) -> None:
     report.verdict(
         flag_rule(finite, metric="finite_logits", detail="eager forward on embeddings alone"),
         case="eager-without-mask",
-        better="equal",
     )
     for use in observe_expert_use(models.target, result.taps, TOL["expert_observation"]):
         on_gen = int(use.used_gen.sum())
@@ -140,7 +137,6 @@ def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, t
             detail=f"25 forwards of one model instance on a backend whose probe was removed, fresh process: {contract}",
         ),
         case="missing-probe-warn-once",
-        better="equal",
     )
     report.verdict(
         count_rule(
@@ -152,7 +148,6 @@ def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, t
             f"process warned: the warning is once per process, not once per model instance ({warns.cite})",
         ),
         case="missing-probe-warn-once-per-process",
-        better="equal",
     )
 
 
@@ -172,7 +167,6 @@ def test_requires_raw_input_tokens(ar_models, report, target) -> None:
                 value, metric="requires_raw_input_tokens", detail=f"{holder.__qualname__}: {raw.words} {raw.rule} ({raw.cite})"
             ),
             case=f"attribute-{holder.__name__}",
-            better="equal",
         )
     ids = models.ids(PROMPTS[2].rows)  # mixed: gen tokens present
     embeds = models.target.embed(ids)
@@ -194,7 +188,6 @@ def test_requires_raw_input_tokens(ar_models, report, target) -> None:
             detail="the entry's logits must differ from an embeddings-only forward when the prompt holds gen tokens",
         ),
         case="entry-passes-input-ids",
-        better="higher",
     )
 
 
@@ -211,7 +204,6 @@ def test_pipeline_factory_seeds_gen_token_mask(ar_models, report, target) -> Non
         report.verdict(
             flag_rule(False, metric="factory_installed", detail=f"the module has no {seeds.words} ({seeds.cite})"),
             case="pp-empty-intermediate-tensors",
-            better="equal",
         )
         return
     tensors = factory(3, models.dtype, models.device)
@@ -221,5 +213,4 @@ def test_pipeline_factory_seeds_gen_token_mask(ar_models, report, target) -> Non
     report.verdict(
         flag_rule(ok, metric="gen_token_mask_seeded", detail=f"gen_token_mask: {detail}; {seeds.rule} ({seeds.cite})"),
         case="pp-empty-intermediate-tensors",
-        better="equal",
     )

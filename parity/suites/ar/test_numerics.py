@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity.compare import EXACTLY, count_rule, diff, noise_floor_multiplier
+from parity.compare import EXACTLY, better_of, count_rule, diff, noise_floor_multiplier
 from parity.runners import make_runner
 from parity.suites.ar.support import PROMPTS, TOL, Prompt, ids_of, judge, moe_taps, skip_full_size_compile
 from parity.suites.conftest import require_graph_support
@@ -56,7 +56,7 @@ def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_m
                 metric=metric,
                 value=getattr(measured, metric),
                 verdict=verdict.verdict,
-                better="higher" if metric == "cosine" else "lower",
+                better=better_of(metric),
             )
         if first is None and not verdict.ok:
             first = f"{site} row {_worst_row(reference, candidate)} (largest |d| {measured.max_abs:.3g})"
@@ -142,5 +142,4 @@ def test_first_differing_row_is_the_first_gen_token(prompt: Prompt, ar_models, r
             ),
             case=prompt.name,
             site=f"layer.{len(routed_states) - 1}",
-            better="equal",
         )

@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 import torch
 
-from parity.compare import AT_MOST, EXACTLY, PASS, count_rule, flag_rule
+from parity.compare import AT_MOST, EXACTLY, count_rule
 from parity.contract import requirement
 from parity.observe.compile_ledger import CompileEvent, CompileLedger, code_label, code_of, short_reason
 from parity.runners import make_runner
 from parity.suites.ar.support import CASES, ARModels, RecompileLattice
 from parity.suites.conftest import require_graph_support
+from parity.suites.recompile_rows import write_ledger_summary
 
 pytestmark = pytest.mark.suite("recompiles")
 
@@ -107,7 +108,6 @@ def test_no_forward_recompile_after_warm_up(ar_models: ARModels, report, setting
                     ),
                     case=case,
                     site=site,
-                    better="equal",
                 )
                 report.info(case=case, site=site, metric="compiles", value=counter.total)
             for batch in LATTICE.batch_sizes:
@@ -125,32 +125,4 @@ def test_no_forward_recompile_after_warm_up(ar_models: ARModels, report, setting
 
 
 def _summary(report: Any, ledger: CompileLedger, code: Any, site: str) -> None:
-    report.case = "summary"
-    breaks = ledger.graph_breaks()
-    report.verdict(
-        count_rule(
-            sum(breaks.values()),
-            0,
-            metric="graph_breaks",
-            at=AT_MOST,
-            detail="; ".join(f"{n}x {reason}" for reason, n in breaks.items()) or "none (fullgraph=True)",
-        ),
-        site=site,
-    )
-    fallbacks = [fb for fb in ledger.eager_fallbacks() if fb.code is code]
-    described = "; ".join(
-        f"{fb.label}: {fb.limit_type} hit at call {fb.hit_at_call}, {fb.calls_since} calls since" for fb in fallbacks
-    )
-    report.verdict(
-        flag_rule(
-            not fallbacks,
-            metric="eager_fallback",
-            value=sum(fb.calls_since or 0 for fb in fallbacks),
-            threshold=0,
-            detail=described or f"no recompile limit hit; {ledger.calls(code)} calls went through the compiled forward",
-        ),
-        site=site,
-    )
-    for row in ledger.rows():  # every code object Dynamo touched, with its reasons (counts: info)
-        if row["metric"] != "graph_breaks":
-            report.info(site=site, **{**row, "verdict": row["verdict"] or PASS})
+    write_ledger_summary(report, ledger, [code], site=site)

@@ -382,7 +382,7 @@ def count_block_compiles(ledger: CompileLedger, codes: list[Any]) -> int:
 
 
 def image_path(run_dir: Path, case: str, variant: str) -> Path:
-    """`<run_dir>/images/<case>/<variant>.png`, where the review page looks for them (README, "Review").
+    """`<run_dir>/images/<case>/<variant>.png`, where the review page looks for them (docs/reports.md §8).
     Both names are path components: a name that could leave the run directory is refused."""
     return run_dir / "images" / check_safe_name(case, "case") / f"{check_safe_name(variant, 'image variant')}.png"
 

@@ -133,7 +133,6 @@ def judge_pair(
             f"(comparison {comp_path}); data_range={DATA_RANGE:g}; {threshold.reason}",
             bound=MEASURED,  # the comparison image's PSNR against the golden, measured in this run
         ),
-        better="higher",
         **where,
     )
 

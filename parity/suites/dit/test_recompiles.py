@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 
-from parity.compare import AT_LEAST, AT_MOST, EXACTLY, PASS, count_rule, flag_rule
+from parity.compare import AT_LEAST, AT_MOST, EXACTLY, count_rule
 from parity.observe.compile_ledger import CompileEvent, CompileLedger, code_label, code_of
 from parity.observe.dynamic import dynamic_compile
 from parity.observe.regional import compile_repeated_blocks
@@ -44,6 +44,7 @@ from parity.suites.dit.support import (
     short_reason,
     text_inputs,
 )
+from parity.suites.recompile_rows import write_ledger_summary
 
 pytestmark = pytest.mark.suite("recompiles")
 
@@ -129,7 +130,6 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
                 detail=f"no submodule of {type(model).__name__} is a {block} (cases/{CASE_FILE} [models] block_class)",
             ),
             case="dit-regional-compile",
-            better="higher",
         )
         return
 
@@ -160,7 +160,6 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
                     ),
                     case=f"warm-up {point.name}",
                     site=site,
-                    better="equal",
                 )
                 report.info(case=f"warm-up {point.name}", site=site, metric="compiles", value=counter.total)
             for point in lattice_points(lattice):
@@ -179,49 +178,15 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
 
 
 def _summary_rows(report: Any, ledger: CompileLedger, codes: list[Any], control_code: Any, site: str) -> None:
-    report.case = "summary"
-    breaks = ledger.graph_breaks()
-    report.verdict(
-        count_rule(
-            sum(breaks.values()),
-            0,
-            metric="graph_breaks",
-            at=AT_MOST,
-            detail="; ".join(f"{n}x {reason}" for reason, n in breaks.items()) or "none (fullgraph=True)",
-        ),
-        site=site,
+    control = count_rule(
+        ledger.compiles(control_code),
+        1,
+        metric="control_frame_compiles",
+        at=AT_LEAST,
+        detail="a frame outside the block region (the decoder, compiled on its own) compiled and was not "
+        f"counted against {site}: all frames compiled {ledger.compiles()}, block frames "
+        f"{dit_support.count_block_compiles(ledger, codes)}",
     )
-    fallbacks = [fb for fb in ledger.eager_fallbacks() if fb.code in codes]
-    calls = sum(ledger.calls(code) for code in codes)
-    described = "; ".join(
-        f"{fb.label}: {fb.limit_type} hit at call {fb.hit_at_call}, {fb.calls_since} calls since" for fb in fallbacks
+    write_ledger_summary(
+        report, ledger, codes, site=site, calls_noun="block calls", extra=[(control, {"site": code_label(control_code)})]
     )
-    # a limit hit is a failure even before any call fell back (calls_since 0): the flag decides,
-    # the row shows the calls that ran eager since
-    report.verdict(
-        flag_rule(
-            not fallbacks,
-            metric="eager_fallback",
-            value=sum(fb.calls_since or 0 for fb in fallbacks),
-            threshold=0,
-            detail=described or f"no recompile limit hit; {calls} block calls went through the compiled forward",
-        ),
-        site=site,
-    )
-    control_compiles = ledger.compiles(control_code)
-    report.verdict(
-        count_rule(
-            control_compiles,
-            1,
-            metric="control_frame_compiles",
-            at=AT_LEAST,
-            detail="a frame outside the block region (the decoder, compiled on its own) compiled and was not "
-            f"counted against {site}: all frames compiled {ledger.compiles()}, block frames "
-            f"{dit_support.count_block_compiles(ledger, codes)}",
-        ),
-        site=code_label(control_code),
-        better="higher",
-    )
-    for row in ledger.rows():  # every code object Dynamo touched, with its reasons (counts: info)
-        if row["metric"] != "graph_breaks":  # already the gate row above
-            report.info(site=site, **{**row, "verdict": row["verdict"] or PASS})

@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from parity.compare import AT_MOST, ERROR, count_rule
+from parity.compare import AT_MOST, ERROR, Verdict, count_rule
 from parity.suites.routing.cases import CASES, KINDS, TOL_EXACT, TOL_WEIGHTS, RankCase, RankSpec
 from parity.suites.routing.support import (
-    Row,
+    Check,
     count_tensor,
     fill_pad_rows,
     generator,
@@ -191,7 +191,7 @@ def expected_gather(case: RankCase, kind: str, seed: int) -> dict[str, torch.Ten
     return expected
 
 
-def rank_rows(case: RankCase, kind: str, results: dict[int, dict[str, Any]], seed: int, backend_note: str) -> list[Row]:
+def rank_rows(case: RankCase, kind: str, results: dict[int, dict[str, Any]], seed: int, backend_note: str) -> list[Check]:
     """route_then_gather == gather_then_route bit for bit; both equal the per-rank reference laid
     out rank-major; rows stay aligned with their ids; counts gathered; both ranks agree."""
     name = rank_case_name(case, kind)
@@ -199,7 +199,7 @@ def rank_rows(case: RankCase, kind: str, results: dict[int, dict[str, Any]], see
     missing = [rank for rank in range(WORLD_SIZE) if name not in results[rank]]
     if any(errors) or missing:
         text = "; ".join(e for e in errors if e) or f"ranks {missing} produced no result (an earlier case failed)"
-        return [Row(name, "rank_run", None, ERROR, None, f"{text} [{backend_note}]")]
+        return [Check(name, Verdict(ERROR, "rank_run", None, None, f"{text} [{backend_note}]"))]
     expected = expected_gather(case, kind, seed)
     real = expected["real"]
     mine = results[0][name]
@@ -213,7 +213,7 @@ def rank_rows(case: RankCase, kind: str, results: dict[int, dict[str, Any]], see
         if not torch.equal(mine[path][field], results[1][name][path][field])
     ]
     rows.append(
-        Row.of(
+        Check(
             name,
             count_rule(
                 len(disagree),
@@ -237,7 +237,7 @@ def rank_rows(case: RankCase, kind: str, results: dict[int, dict[str, Any]], see
             else torch.arange(int(real.sum()))
         )
         rows.append(
-            Row.of(
+            Check(
                 name,
                 count_rule(
                     int(misaligned.numel()),
@@ -251,7 +251,7 @@ def rank_rows(case: RankCase, kind: str, results: dict[int, dict[str, Any]], see
         )
         counts_ok = torch.equal(got["counts"].to(torch.int64).reshape(-1), expected["counts"])
         rows.append(
-            Row.of(
+            Check(
                 name,
                 count_rule(
                     0 if counts_ok else 1,

@@ -1,7 +1,7 @@
 """The checks of the `routing` suite: inputs, comparisons, the near-tie audit, one function per family.
 
 Every check takes the target's router adapter (`target.router()`: see
-`serving_models/routing/adapter.py` for the contract) and returns `Row`s; the suite modules only
+`serving_models/routing/adapter.py` for the contract) and returns `Check`s (verdicts placed at a case and site); the suite modules only
 write them through the `report` fixture. Keeping the checks here, as plain functions of a router,
 lets `tests/test_suites_routing.py` hand them broken routers in-process and show each one goes red.
 
@@ -116,56 +116,55 @@ def fill_pad_rows(logits: torch.Tensor, real: int, fill: str, gen: torch.Generat
 
 
 @dataclasses.dataclass(frozen=True)
-class Row:
-    """One report row a check produced (written by the suite through the `report` fixture)."""
+class Check:
+    """A `Verdict` one check decided and the row it goes to (`case`, `site`): the arguments of one
+    `report.verdict` call (or, `info=True`, of one `report.info` call: a number recorded beside).
+
+    Every gate is a `Verdict` from the rules of parity.compare, so the row's value, threshold,
+    bound and direction (`better`) are the verdict's own, as in every other suite. The checks
+    return these rather than write them so that tests/test_suites_routing.py can hand them broken
+    routers in-process; `write_rows` writes them through the `report` fixture."""
 
     case: str
-    metric: str
-    value: float | int | None
-    verdict: str
-    threshold: float | None = None
-    detail: str = ""
+    decided: Verdict
     site: str = ""
-    kind: str = "gate"
-    better: str = "lower"
-    bound: str | None = None  # `measured` for a threshold derived from this run's noise (parity.compare.MEASURED)
+    info: bool = False
 
-    @classmethod
-    def of(cls, case: str, verdict: Verdict, site: str = "", *, better: str = "lower") -> Row:
-        """The gate row of a `Verdict` from one of the rules in parity.compare."""
-        return cls(
-            case,
-            verdict.metric,
-            verdict.value,
-            verdict.verdict,
-            verdict.threshold,
-            verdict.detail,
-            site,
-            better=better,
-            bound=verdict.bound,
-        )
+    metric = property(lambda self: self.decided.metric)
+    value = property(lambda self: self.decided.value)
+    verdict = property(lambda self: self.decided.verdict)
+    threshold = property(lambda self: self.decided.threshold)
+    detail = property(lambda self: self.decided.detail)
+
+    @property
+    def kind(self) -> str:
+        return "info" if self.info else "gate"
 
     @property
     def failed(self) -> bool:
-        return self.kind == "gate" and self.verdict in (FAIL, ERROR)
+        return not self.info and self.verdict in (FAIL, ERROR)
+
+    def write(self, report: Any, **where: Any) -> None:
+        """One row through the shared row API (`report.verdict` / `report.info`)."""
+        decided = self.decided
+        if self.info:  # no rule decided it; the routing suite's info rows carry no direction
+            report.info(
+                case=self.case,
+                site=self.site,
+                metric=decided.metric,
+                value=decided.value,
+                verdict=decided.verdict,
+                detail=decided.detail,
+                threshold=decided.threshold,
+                **where,
+            )
+        else:
+            report.verdict(decided, case=self.case, site=self.site, **where)
 
 
-def write_rows(report: Any, rows: Sequence[Row], *, mode: str = "eager", seed: int | None = None) -> None:
-    for row in rows:
-        report.record(
-            case=row.case,
-            metric=row.metric,
-            value=row.value,
-            verdict=row.verdict,
-            threshold=row.threshold,
-            detail=row.detail,
-            site=row.site,
-            kind=row.kind,
-            better=row.better,
-            mode=mode,
-            seed=seed,
-            bound=row.bound,
-        )
+def write_rows(report: Any, checks: Sequence[Check], *, mode: str = "eager", seed: int | None = None) -> None:
+    for check in checks:
+        check.write(report, mode=mode, seed=seed)
 
 
 def unpack(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,11 +214,9 @@ def contract_violations(result: Any, rows: int, k: int, num_shared: int, num_exp
     return problems
 
 
-def contract_row(case: str, result: Any, rows: int, k: int, num_shared: int, num_experts: int) -> Row:
+def contract_row(case: str, result: Any, rows: int, k: int, num_shared: int, num_experts: int) -> Check:
     problems = contract_violations(result, rows, k, num_shared, num_experts)
-    return Row.of(
-        case, count_rule(len(problems), 0, metric="contract_violations", at=AT_MOST, detail="; ".join(problems) or "ok")
-    )
+    return Check(case, count_rule(len(problems), 0, metric="contract_violations", at=AT_MOST, detail="; ".join(problems) or "ok"))
 
 
 def differing_rows(ref_ids: torch.Tensor, cand_ids: torch.Tensor) -> torch.Tensor:
@@ -234,7 +231,7 @@ def rows_text(rows: torch.Tensor, limit: int = 8) -> str:
     return shown + (f", ... ({rows.numel()} rows)" if rows.numel() > limit else "")
 
 
-def ids_row(case: str, ref_ids: torch.Tensor, cand_ids: torch.Tensor, *, site: str = "", what: str = "reference") -> Row:
+def ids_row(case: str, ref_ids: torch.Tensor, cand_ids: torch.Tensor, *, site: str = "", what: str = "reference") -> Check:
     """Gate: ids must be equal; value = number of differing rows."""
     rows = differing_rows(ref_ids, cand_ids)
     if rows.numel() == 0:
@@ -245,15 +242,15 @@ def ids_row(case: str, ref_ids: torch.Tensor, cand_ids: torch.Tensor, *, site: s
             f"{rows.numel()}/{ref_ids.shape[0]} rows differ from the {what}: rows {rows_text(rows)}; "
             f"row {first}: {what} {ref_ids[first].tolist()} vs target {cand_ids[first].tolist()}"
         )
-    return Row.of(case, count_rule(int(rows.numel()), 0, metric="ids_mismatch", at=AT_MOST, detail=detail), site)
+    return Check(case, count_rule(int(rows.numel()), 0, metric="ids_mismatch", at=AT_MOST, detail=detail), site)
 
 
-def weights_row(case: str, ref_w: torch.Tensor, cand_w: torch.Tensor, tol: Tolerance, *, site: str = "", note: str = "") -> Row:
+def weights_row(case: str, ref_w: torch.Tensor, cand_w: torch.Tensor, tol: Tolerance, *, site: str = "", note: str = "") -> Check:
     """Gate: weights within `tol` of the reference (rows compared as given)."""
     measured = diff(ref_w, cand_w, tol, name="weights")
     verdict = measured.verdict("max_abs")
     detail = f"{verdict.detail}; {tol.describe()}" + (f"; {note}" if note else "")
-    return Row(case, "weight_max_abs", measured.max_abs, verdict.verdict, tol.atol, detail, site)
+    return Check(case, dataclasses.replace(verdict, metric="weight_max_abs", detail=detail), site)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +321,7 @@ def audit_decisions(
     return decisions
 
 
-def audited_ids_row(case: str, decisions: list[Decision], rows: int, dtype_name: str, spacings: float, exact: bool) -> Row:
+def audited_ids_row(case: str, decisions: list[Decision], rows: int, dtype_name: str, spacings: float, exact: bool) -> Check:
     """Gate `ids_mismatch`: pass (no differing row), tie_flip (all inside noise) or fail."""
     rule = (
         "fp32 logits: ids must equal the reference's"
@@ -332,11 +329,12 @@ def audited_ids_row(case: str, decisions: list[Decision], rows: int, dtype_name:
         else f"a differing decision is a tie_flip when 0 < margin <= {spacings:g} {dtype_name} spacings (docs/tolerances.md §3)"
     )
     if not decisions:
-        return Row(case, "ids_mismatch", 0, PASS, 0, f"ids equal to the reference ({rows} rows); {rule}")
+        return Check(case, Verdict(PASS, "ids_mismatch", 0, 0, f"ids equal to the reference ({rows} rows); {rule}"))
     verdict = FAIL if any(d.verdict == FAIL for d in decisions) else TIE_FLIP
     shown = "; ".join(d.describe(dtype_name) for d in decisions[:8])
     more = f"; ... {len(decisions)} rows" if len(decisions) > 8 else ""
-    return Row(case, "ids_mismatch", len(decisions), verdict, 0, f"{len(decisions)}/{rows} rows differ: {shown}{more}; {rule}")
+    text = f"{len(decisions)}/{rows} rows differ: {shown}{more}; {rule}"
+    return Check(case, Verdict(verdict, "ids_mismatch", len(decisions), 0, text))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,7 +402,7 @@ def grid_truth(
     )
 
 
-def grid_rows(router: Any, point: GridPoint, device: torch.device, seed: int) -> list[Row]:
+def grid_rows(router: Any, point: GridPoint, device: torch.device, seed: int) -> list[Check]:
     """ids (exact on fp32, audited on bf16), weights vs the reference and vs the fp64 golden, contract."""
     grid: GridSpec = CASES[point.table]
     truth = grid_truth(point.kind, point.experts, point.k, point.dtype, point.renormalize, str(device), seed, point.table)
@@ -428,29 +426,15 @@ def grid_rows(router: Any, point: GridPoint, device: torch.device, seed: int) ->
     note = f"{point.rows - int(same.sum())} rows with differing ids left out" if decisions else ""
     rows.append(weights_row(point.name, ref_w[same], cand_w[same], TOL_WEIGHTS, note=note))
     verdict, floor = noise_floor_rule(golden_w[same], ref_w[same], cand_w[same], TOL_GOLDEN, name="weights")
-    rows.append(
-        Row(
-            point.name,
-            "rmse_vs_golden",
-            floor.res_error,
-            verdict.verdict,
-            floor.threshold,
-            f"{verdict.detail}; {TOL_GOLDEN.describe()}",
-            bound=verdict.bound,
-        )
-    )
+    rows.append(Check(point.name, dataclasses.replace(verdict, detail=f"{verdict.detail}; {TOL_GOLDEN.describe()}")))
     flips = [d for d in decisions if d.verdict == TIE_FLIP]
     if flips:
+        widest = max(d.margin_ulps for d in flips)
         rows.append(
-            Row(
+            Check(
                 point.name,
-                "tie_flip_max_margin_ulps",
-                max(d.margin_ulps for d in flips),
-                TIE_FLIP,
-                grid.tie_flip_spacings,
-                f"{len(flips)} tie flips",
-                kind="info",
-                better="",
+                Verdict(TIE_FLIP, "tie_flip_max_margin_ulps", widest, grid.tie_flip_spacings, f"{len(flips)} tie flips"),
+                info=True,
             )
         )
     return rows
@@ -484,7 +468,7 @@ def edge_options(case: EdgeCase, device: torch.device) -> dict[str, Any]:
     return options
 
 
-def edge_rows(router: Any, case: EdgeCase, dtype: str, device: torch.device) -> list[Row]:
+def edge_rows(router: Any, case: EdgeCase, dtype: str, device: torch.device) -> list[Check]:
     """The rule (hand-written ids), the reference (ids exact, weights within docs/routing.md §2), the contract."""
     name = f"{case.name}-{dtype}"
     logits = edge_logits(case).to(DTYPES[dtype]).to(device)
@@ -516,7 +500,7 @@ def edge_cases() -> list[tuple[EdgeCase, str]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def refuse_rows(router: Any, case: RefuseCase, device: torch.device, seed: int) -> list[Row]:
+def refuse_rows(router: Any, case: RefuseCase, device: torch.device, seed: int) -> list[Check]:
     """Groups of one expert with a correction bias (docs/routing.md §3): the target refuses it
     (raises, the reference's rule) or routes it as ungrouped routing (vLLM's fallback); experts
     chosen by group id fail. The reference must refuse it too."""
@@ -525,20 +509,19 @@ def refuse_rows(router: Any, case: RefuseCase, device: torch.device, seed: int) 
     bias = (-torch.rand(case.experts, generator=gen) - 1.0).to(device)
     grouped = dict(num_expert_group=case.num_expert_group, topk_group=case.topk_group)
     options: dict[str, Any] = dict(scoring="sigmoid", renormalize=True, correction_bias=bias)
-    rows: list[Row] = []
+    rows: list[Check] = []
     try:
         reference.select_experts(logits, case.k, **options, **grouped)
         refused_by_reference = ""
     except ValueError as exc:
         refused_by_reference = str(exc)
     rows.append(
-        Row.of(
+        Check(
             case.name,
             flag_rule(
                 bool(refused_by_reference), metric="reference_refuses", detail=refused_by_reference or "the reference routed it"
             ),
             "reference",
-            better="equal",
         )
     )
     ungrouped = reference.select_experts(logits, case.k, **options)
@@ -546,14 +529,14 @@ def refuse_rows(router: Any, case: RefuseCase, device: torch.device, seed: int) 
         result = router.select_experts(logits, case.k, **options, **grouped)
     except Exception as exc:  # a refusal: any exception a caller sees before a route is made
         detail = f"refused: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
-        rows.append(Row.of(case.name, flag_rule(True, metric="refused_or_ungrouped", detail=detail), "target", better="equal"))
+        rows.append(Check(case.name, flag_rule(True, metric="refused_or_ungrouped", detail=detail), "target"))
         return rows
     try:
         _, ids = unpack(result)
         routed = ids.detach().cpu().to(torch.int64)[:, : case.k]
     except (TypeError, IndexError, KeyError, AttributeError) as exc:
         detail = f"routed, and the result has no readable ids ({type(exc).__name__})"
-        rows.append(Row.of(case.name, flag_rule(False, metric="refused_or_ungrouped", detail=detail), "target", better="equal"))
+        rows.append(Check(case.name, flag_rule(False, metric="refused_or_ungrouped", detail=detail), "target"))
         return rows
     expected = ungrouped.ids.cpu().to(torch.int64)[:, : case.k]
     same = tuple(routed.shape) == tuple(expected.shape) and bool(torch.equal(routed, expected))
@@ -562,7 +545,7 @@ def refuse_rows(router: Any, case: RefuseCase, device: torch.device, seed: int) 
         if same
         else f"routed row 0 to {routed[0].tolist()}, ungrouped routing picks {expected[0].tolist()} (experts chosen by group id?)"
     )
-    rows.append(Row.of(case.name, flag_rule(same, metric="refused_or_ungrouped", detail=detail), "target", better="equal"))
+    rows.append(Check(case.name, flag_rule(same, metric="refused_or_ungrouped", detail=detail), "target"))
     return rows
 
 
@@ -586,7 +569,7 @@ def pad_points() -> list[PadPoint]:
     return [PadPoint(kind, count, fill) for kind in spec.kinds for count in spec.counts for fill in spec.fills]
 
 
-def pad_rows(router: Any, point: PadPoint, device: torch.device, seed: int) -> list[Row]:
+def pad_rows(router: Any, point: PadPoint, device: torch.device, seed: int) -> list[Check]:
     """Pad rows -1 / 0 in every column; real rows equal an unpadded run bit for bit and the reference."""
     spec: PadSpec = CASES["pad"]
     kind, rows_, name = KINDS[point.kind], spec.rows, point.name(spec.rows)
@@ -610,7 +593,7 @@ def pad_rows(router: Any, point: PadPoint, device: torch.device, seed: int) -> l
         detail += (
             f"; routed: rows {rows_text(routed_pads)}; row {first}: ids {ids[first].tolist()} weights {weights[first].tolist()}"
         )
-    rows.append(Row.of(name, count_rule(int(routed_pads.numel()), 0, metric="pad_routes", at=AT_MOST, detail=detail), "pad_rows"))
+    rows.append(Check(name, count_rule(int(routed_pads.numel()), 0, metric="pad_routes", at=AT_MOST, detail=detail), "pad_rows"))
 
     unpadded = router.select_experts(logits[:real].clone(), spec.k, **options)
     un_w, un_ids = unpack(unpadded)
@@ -627,7 +610,7 @@ def pad_rows(router: Any, point: PadPoint, device: torch.device, seed: int) -> l
 # ---------------------------------------------------------------------------------------------
 
 
-def replay_rows(router: Any, runner: Any, kind_name: str, device: torch.device, seed: int) -> list[Row]:
+def replay_rows(router: Any, runner: Any, kind_name: str, device: torch.device, seed: int) -> list[Check]:
     """Record once at capacity C (the runner's dummy inputs), replay with each step's logits and
     count copied into the static buffers; every replay must equal eager on the same inputs."""
     spec: ReplaySpec = CASES["replay"]
@@ -645,16 +628,19 @@ def replay_rows(router: Any, runner: Any, kind_name: str, device: torch.device, 
     try:
         prepared = runner.prepare(route, examples, name=f"{router.name} router select_experts")
     except CaptureError as error:
-        return [Row(f"{prefix}-capture", "capture", None, ERROR, None, f"{type(error).__name__}: {error}".replace("\n", " | "))]
+        text = f"{type(error).__name__}: {error}".replace("\n", " | ")
+        return [Check(f"{prefix}-capture", Verdict(ERROR, "capture", None, None, text))]
     rows = [
-        Row(
+        Check(
             f"{prefix}-capture",
-            "probe_during_capture",
-            float(bool(getattr(prepared, "probe_during_capture", None))),
-            PASS,
-            detail="whether the target's capture probe answered True while recording",
-            kind="info",
-            better="",
+            Verdict(
+                PASS,
+                "probe_during_capture",
+                float(bool(getattr(prepared, "probe_during_capture", None))),
+                None,
+                "whether the target's capture probe answered True while recording",
+            ),
+            info=True,
         )
     ]
     gen = generator(seed, capacity, spec.experts)
@@ -678,7 +664,7 @@ def replay_rows(router: Any, runner: Any, kind_name: str, device: torch.device, 
 # ---------------------------------------------------------------------------------------------
 
 
-def batch_rows(router: Any, kind_name: str, renormalize: bool, device: torch.device, seed: int) -> list[Row]:
+def batch_rows(router: Any, kind_name: str, renormalize: bool, device: torch.device, seed: int) -> list[Check]:
     spec: BatchSpec = CASES["batch"]
     kind = KINDS[kind_name]
     options = routing_options(kind, spec.experts, spec.k, renormalize, make_bias(kind, spec.experts, seed, device))
@@ -749,7 +735,7 @@ def load_name(rows: int, replicas: int, count: int) -> str:
     return f"load-T{rows}-replicas{replicas}-{count_label(count)}"
 
 
-def load_rows(router: Any, rows_: int, replicas: int, count: int, device: torch.device, seed: int) -> list[Row]:
+def load_rows(router: Any, rows_: int, replicas: int, count: int, device: torch.device, seed: int) -> list[Check]:
     """Load counts routes of real rows only (the router's routed columns, and raw ids with
     valid-looking pad rows); remap maps logical to physical ids and passes -1 and ids >= E through."""
     spec: LoadSpec = CASES["load"]
@@ -776,7 +762,7 @@ def load_rows(router: Any, rows_: int, replicas: int, count: int, device: torch.
             else torch.arange(num_physical)
         )
         detail = f"routes per physical expert on {real} real rows of {rows_}: target {load.tolist()} vs reference {want.tolist()}"
-        rows.append(Row.of(name, count_rule(int(wrong.numel()), 0, metric="load_mismatch", at=AT_MOST, detail=detail), site))
+        rows.append(Check(name, count_rule(int(wrong.numel()), 0, metric="load_mismatch", at=AT_MOST, detail=detail), site))
 
         physical = router.remap(ids, table, choice)
         expected = reference.remap(ids, table, choice)
@@ -787,7 +773,7 @@ def load_rows(router: Any, rows_: int, replicas: int, count: int, device: torch.
             else f"; first at {tuple(int(i) for i in bad.nonzero()[0])}: {int(ids.cpu()[tuple(bad.nonzero()[0])])} -> {int(physical.cpu()[tuple(bad.nonzero()[0])])}, expected {int(expected.cpu()[tuple(bad.nonzero()[0])])}"
         )
         rows.append(
-            Row.of(
+            Check(
                 name,
                 count_rule(
                     int(bad.sum()),
@@ -802,7 +788,7 @@ def load_rows(router: Any, rows_: int, replicas: int, count: int, device: torch.
         holes = ids.detach().cpu() == -1
         changed = int((physical.detach().cpu()[holes] != -1).sum())
         rows.append(
-            Row.of(
+            Check(
                 name,
                 count_rule(
                     changed,

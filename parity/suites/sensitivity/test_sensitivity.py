@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from parity.compare import NOT_APPLICABLE, Verdict, flag_rule
+from parity.compare import EQUAL, NOT_APPLICABLE, Verdict, flag_rule
 from parity.suites.sensitivity.catalogue import NotApplicable, lane_of
 from parity.suites.sensitivity.runs import (
     CATALOGUE,
@@ -64,10 +64,16 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
     kill = mutant.on(lane)
     if isinstance(kill, NotApplicable):
         report.verdict(
-            Verdict(NOT_APPLICABLE, "killed", None, None, f"{mutant.defect} || not applicable on the {lane} lane: {kill.reason}"),
+            Verdict(
+                NOT_APPLICABLE,
+                "killed",
+                None,
+                None,
+                f"{mutant.defect} || not applicable on the {lane} lane: {kill.reason}",
+                better=EQUAL,
+            ),
             case=name,
             mode=mutant.suite,
-            better="equal",
         )
         return
     code, rows, tail = sessions.result(sessions.mutant_session(name, tmp_path))
@@ -84,9 +90,7 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
         detail = f"SURVIVED on the {where}: exit {code}, no failing {mutant.suite} row ({tail[:300]})"
     if kill.why:
         detail += f" [{kill.why}]"
-    report.verdict(
-        flag_rule(killed, metric="killed", detail=f"{mutant.defect} || {detail}"), case=name, mode=mutant.suite, better="equal"
-    )
+    report.verdict(flag_rule(killed, metric="killed", detail=f"{mutant.defect} || {detail}"), case=name, mode=mutant.suite)
 
 
 @pytest.mark.parametrize("seed", CONTROL_SEEDS)
