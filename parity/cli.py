@@ -401,7 +401,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return PYTEST_USAGE_ERROR
     argv = pytest_args_for_run(args, run_id)
     env.select_cpu_kernels()  # before pytest imports anything that runs a kernel (docs/cpu-kernels.md)
-    # SIGINT, SIGTERM and SIGHUP end the whole command as one clean stop (README `parity run`): the
+    # SIGINT, SIGTERM and SIGHUP end the whole command as one clean stop (docs/cli.md §1): the
     # plugin records the signal in run.json and this command still prints the summary.
     watch = SignalWatch("parity run").install()
     stage = "before any suite ran: nothing was written"
@@ -478,7 +478,7 @@ def _after_pytest(args: argparse.Namespace, run_dir: Path, argv: list[str], code
 
 
 def cmd_review(args: argparse.Namespace) -> int:
-    """Review a run. Exit status (README "Review"; docs/reports.md §1): 2 when the input cannot be
+    """Review a run. Exit status (docs/cli.md §5; docs/reports.md §1): 2 when the input cannot be
     used (an unreadable or symlinked run, rows that are not one run's parity rows, a baseline that
     is not whole and sound, a `--write-baseline` path that may not be written, a review/ directory
     parity did not write), 3 for an incomplete run, 1 for a failing row, a regression, a vanished

@@ -5,7 +5,7 @@ and the rows sorted, kept at `reports/baselines/<device kind>-<dtype>.csv` (`cpu
 `h200-bf16.csv`), so a regenerated baseline diffs line by line in review.
 
 Rows are matched between baseline and run on (suite, case, target, mode, site, metric); the n-th
-duplicate of a key matches the n-th duplicate. The rule for a matched row (README "Review"; why it
+duplicate of a key matches the n-th duplicate. The rule for a matched row (docs/reports.md §7; why it
 is this rule: docs/machine-independence.md):
 
 * **gate row, verdict**: pass / tie_flip in the baseline and fail / error now is a regression; the

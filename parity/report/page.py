@@ -411,7 +411,7 @@ def baseline_section(review: Review) -> str:
     body = [
         f"<p>Baseline <code>{esc(comparison.baseline)}</code>: {comparison.matched} rows matched; a gate row is a "
         f"regression when its verdict went to fail/error, its bound was loosened, or it uses more than "
-        f"{comparison.margin:.0%} more of its bound than before (README, section Review).</p>"
+        f"{comparison.margin:.0%} more of its bound than before (docs/reports.md §7).</p>"
     ]
     if comparison.suites_not_run:
         body.append(note("not compared (no rows in this run): " + ", ".join(comparison.suites_not_run)))
