@@ -25,6 +25,7 @@ from parity import import_check  # noqa: F401 - first: a shadowed `parity` is on
 # isort: split
 from parity import env
 from parity.conformance import KNOWN_SUITES, UNRESOLVED, CheckProcess, check_timeout, start_check, unknown_suites
+from parity.plugin.lanes import LANES
 from parity.plugin.options import (
     add_run_options,
     check_run_id,
@@ -348,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def pytest_args_for_run(args: argparse.Namespace, run_id: str) -> list[str]:
     """The pytest command line `parity run` executes (also used by tests and the CI docs)."""
-    lane = "gpu" if args.device == "cuda" else "cpu"
+    lane = LANES[args.device]
     marker = lane if args.benchmarks else f"{lane} and not benchmark"
     values = {**vars(args), "run_id": run_id}
     argv = [

@@ -23,6 +23,6 @@ elif VARIANT == "remember-only":
         parity.cases._extra_dirs = tuple(Path(d) for d in directories)
 
     parity.cases.add_case_dirs = _remember
-    import parity.plugin
+    import parity.plugin.hooks
 
-    parity.plugin.add_case_dirs = _remember
+    parity.plugin.hooks.add_case_dirs = _remember

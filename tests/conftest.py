@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from parity.plugin import lanes
+from parity.plugin.short_names import device, report, run_dir, settings, target  # noqa: F401 - this folder's fixture names
+
 # Fixtures shared by several test modules, registered here once (a fixture imported into each
 # module would be a separate fixture per module).
 from tests.ar_support import reference, serving, tiny_dir  # noqa: F401
@@ -36,8 +39,8 @@ def _reads_a_shared_run(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         in_tests = _HERE in Path(str(item.path)).resolve().parents
-        if in_tests and item.get_closest_marker("gpu") is None and item.get_closest_marker("cpu") is None:
-            item.add_marker(pytest.mark.cpu)
+        if in_tests and item.get_closest_marker(lanes.GPU) is None and item.get_closest_marker(lanes.CPU) is None:
+            item.add_marker(lanes.CPU)
     items.sort(key=_reads_a_shared_run)  # the readers last: the runs they read go on meanwhile
 
 

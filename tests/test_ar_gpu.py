@@ -23,7 +23,7 @@ from serving_models.ar.adapter import ServingARAdapter
 from tests.ar_support import GEN_LAST, SEED, START
 from tests.noise_checks import assert_same_greedy
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.parity_gpu
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -100,7 +100,7 @@ def test_cuda_capture_without_mask_fails_closed() -> None:
     assert "enforce_eager" in result.stdout and "PIECEWISE is not a workaround" in result.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.parity_slow
 def test_full_size_bf16_against_fp64_golden() -> None:
     """Preview widths (10.7e9 parameters): bf16 serving vs bf16 reference, both against an fp64 golden."""
     config = ar_config("full")

@@ -22,7 +22,7 @@ from reference_models.checkpoints import random_state_dict
 from serving_models.ar import kernels
 from serving_models.ar.adapter import ServingARAdapter
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.parity_gpu
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 SIZES = ["tiny", "full"]
 BATCH_LENGTHS = [(1, 1), (3, 5)]  # a decode step, and a prefill chunk of several sequences

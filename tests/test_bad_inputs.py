@@ -656,7 +656,7 @@ BAD_INPUTS = [
     Bad("report-dir-unwritable-plugin", suites_session("parity/suites", "--parity-suite", "selfcheck", "--parity-report-dir", "/proc/parity-reports"), ("ERROR: --parity-report-dir /proc/parity-reports", "cannot write run directories there")),
     Bad("target-without-router-run", suites_session("parity/suites/routing/test_edges.py", "--parity-target", "tests.bad_targets:no_router", skips=True), ("provides no router (no router): the routing suites do not apply",), skip=True),
     # -- in a fresh process: xdist, and `parity run` past its own checks (its pytest, its device) ---
-    Bad("target-bogus-xdist", fresh_parity_run("--suite", "selfcheck", "--target", "bogus.mod:f", "-n", "2"), ("ERROR: --parity-target 'bogus.mod:f'", "No module named 'bogus'"), marks=(pytest.mark.slow,)),
+    Bad("target-bogus-xdist", fresh_parity_run("--suite", "selfcheck", "--target", "bogus.mod:f", "-n", "2"), ("ERROR: --parity-target 'bogus.mod:f'", "No module named 'bogus'"), marks=(pytest.mark.parity_slow,)),
     Bad("append-target-gone", fresh_append("--target", "bogus.mod:f", run_target="bogus.mod:f"), ("ERROR: --parity-target 'bogus.mod:f'", "No module named 'bogus'")),
     Bad("append-other-target", fresh_append("--target", "reference"), ("ERROR: --parity-append", "another configuration", "target: run has 'serving', this session 'reference'")),
     Bad("cuda-on-a-cpu-machine", fresh_parity_run("--device", "cuda", "--suite", "selfcheck"), ("ERROR: --parity-device cuda: no CUDA device is available",), marks=(pytest.mark.skipif(HAS_CUDA, reason="needs a machine without CUDA"),)),

@@ -28,7 +28,7 @@ from tests.bad_input_table import Bad, Outcome, check_bad_input, cli, process, r
 from tests.helpers import PROJECT_ROOT, run_parity, run_pytest_here
 from tests.interrupt_plugin import signal_run
 
-pytestmark = pytest.mark.cpu
+pytestmark = pytest.mark.parity_cpu
 
 SLIPPERY = "tests.slippery_targets"
 

@@ -90,9 +90,10 @@ def test_a_session_records_the_target_name_in_run_json(pytester: pytest.Pytester
         test_named="""
         import pytest
 
-        pytestmark = pytest.mark.suite("demo")
+        pytestmark = pytest.mark.parity_suite("demo")
 
-        def test_row(report):
+        def test_row(parity_report):
+            report = parity_report
             report.record(case="c", metric="m", value=0.0)
         """
     )

@@ -12,7 +12,7 @@ from parity.cli import main
 from parity.report import COLUMNS, COMPLETE, write_run_info
 from parity.report.baseline import BaselineError, default_baseline_path, load_rows, write_baseline
 
-pytestmark = pytest.mark.cpu
+pytestmark = pytest.mark.parity_cpu
 
 PORTER = "my_engine.parity_target:make_target"
 

@@ -19,7 +19,7 @@ from parity.conformance import check_target
 from parity.suites.ar.support import moe_observation
 from tests.helpers import PROJECT_ROOT
 
-pytestmark = pytest.mark.cpu
+pytestmark = pytest.mark.parity_cpu
 
 EXAMPLE = "examples.engine_target.parity_target:make_target"
 

@@ -30,13 +30,14 @@ import torch
 from parity import conformance
 from parity.compare import FAIL, PASS
 from parity.conformance import FAMILIES, KNOWN_SUITES, check_target
+from parity.plugin import lanes
 from parity.suites.routing import support
 from parity.target import resolve_target
 from tests import slippery_targets
 from tests.helpers import PROJECT_ROOT, run_pytest_here
 from tests.test_bad_inputs_targets import row
 
-pytestmark = pytest.mark.cpu
+pytestmark = pytest.mark.parity_cpu
 
 # The forms of a router result and whether docs/targets.md §7 allows them.
 FORMS = {"plain": True, "named": True, "named_ids_first": False, "dataclass_result": False}
@@ -125,14 +126,14 @@ def test_every_adapter_member_the_suites_call_is_called() -> None:
 
 
 def _suites_declared() -> set[str]:
-    """Every `pytest.mark.suite("...")` under parity/suites/."""
+    """Every `pytest.mark.parity_suite("...")` under parity/suites/."""
     found = set()
     for path in (PROJECT_ROOT / "parity" / "suites").rglob("test_*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "suite"
+                and node.func.attr == lanes.SUITE
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
             ):
@@ -146,7 +147,7 @@ def _suites_by_family() -> dict[str, set[str]]:
     for path in (PROJECT_ROOT / "parity" / "suites").rglob("test_*.py"):
         family = path.relative_to(PROJECT_ROOT / "parity" / "suites").parts[0]
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "suite" and node.args:
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == lanes.SUITE and node.args:
                 found.setdefault(family, set()).add(node.args[0].value)
     return found
 

@@ -90,22 +90,22 @@ LANES = textwrap.dedent(
     """
     import pytest
 
-    pytestmark = pytest.mark.suite("demo")
+    pytestmark = pytest.mark.parity_suite("demo")
 
-    def test_generic(report, settings, device):
-        report.record(case="generic", metric="device", value=0, detail=str(device))
+    def test_generic(parity_report, parity_settings, parity_device):
+        parity_report.record(case="generic", metric="device", value=0, detail=str(parity_device))
 
-    @pytest.mark.gpu
+    @pytest.mark.parity_gpu
     def test_needs_cuda():
         pass
 
-    @pytest.mark.cpu
+    @pytest.mark.parity_cpu
     def test_cpu_only():
         pass
 
-    @pytest.mark.suite("other")
-    def test_other_suite(report):
-        report.record(case="x", metric="m", value=1)
+    @pytest.mark.parity_suite("other")
+    def test_other_suite(parity_report):
+        parity_report.record(case="x", metric="m", value=1)
     """
 )
 
@@ -119,7 +119,7 @@ def lanes(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def test_cpu_lane_selects_everything_that_needs_no_gpu(lanes: pytest.Pytester) -> None:
-    result = run_pytest_in_pytester(lanes, ["-m", "cpu", "-q", "--parity-report-dir", str(lanes.path / "out")])
+    result = run_pytest_in_pytester(lanes, ["-m", "parity_cpu", "-q", "--parity-report-dir", str(lanes.path / "out")])
     assert "3 passed, 1 deselected" in result.stdout.str(), result.stdout.str()
 
 
@@ -128,7 +128,7 @@ no_cuda = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="ch
 
 @no_cuda
 def test_gpu_tests_skip_with_a_reason_without_cuda(lanes: pytest.Pytester) -> None:
-    result = run_pytest_in_pytester(lanes, ["-m", "gpu", "-rs", "--parity-report-dir", str(lanes.path / "out")])
+    result = run_pytest_in_pytester(lanes, ["-m", "parity_gpu", "-rs", "--parity-report-dir", str(lanes.path / "out")])
     stdout = result.stdout.str()
     assert "1 skipped" in stdout and "no CUDA device on this machine" in stdout, stdout
 
@@ -150,8 +150,8 @@ def test_suite_option_selects_by_report_suite(lanes: pytest.Pytester) -> None:
 
 
 def test_report_fixture_without_a_suite_is_an_error(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_x="def test_x(report):\n    pass\n")
-    result = run_pytest_in_pytester(pytester, [])
+    pytester.makepyfile(test_x="def test_x(parity_report):\n    pass\n")
+    result = run_pytest_in_pytester(pytester, ["--parity-report-dir", str(pytester.path / "out")])
     assert result.ret != 0 and "declares no suite" in result.stdout.str()
 
 
@@ -234,14 +234,16 @@ def test_bf16_attention_runs_and_children_inherit_the_cap():
     assert child.stdout.strip() == os.environ["EXPECT_ISA"]
 
 
-def test_rows(report):
-    report.record(metric="m", value=1.0)
+def test_rows(parity_report):
+    parity_report.record(metric="m", value=1.0)
 """
 
 
 @pytest.fixture
 def kernels(tmp_path: Path) -> Path:
-    (tmp_path / "test_kernels.py").write_text(KERNELS.replace("def test_rows", "@pytest.mark.suite('other')\ndef test_rows"))
+    (tmp_path / "test_kernels.py").write_text(
+        KERNELS.replace("def test_rows", "@pytest.mark.parity_suite('other')\ndef test_rows")
+    )
     return tmp_path
 
 
@@ -272,7 +274,7 @@ def test_parity_cpu_threads_sets_the_thread_count_and_a_users_cap_is_kept(kernel
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "set by parity" not in result.stdout and "2 thread(s)" in result.stdout
-    bad = run_pytest([str(kernels), "-q"], cwd=kernels, PARITY_CPU_THREADS="two")
+    bad = run_pytest([str(kernels), "-q", "--parity-report-dir", str(out)], cwd=kernels, PARITY_CPU_THREADS="two")
     assert bad.returncode != 0 and "PARITY_CPU_THREADS='two': expected a positive integer" in bad.stdout + bad.stderr
 
 
@@ -325,7 +327,7 @@ def test_compiled_reduction_on_two_threads():
 """
 
 
-@pytest.mark.slow  # three Inductor compiles in fresh processes: about 30 s
+@pytest.mark.parity_slow  # three Inductor compiles in fresh processes: about 30 s
 def test_a_default_kernel_compile_after_a_native_one_needs_its_own_inductor_cache(tmp_path: Path) -> None:
     """Measured with torch 2.13: after a native (AVX-512) compile with 2 threads, the same compile
     under ATEN_CPU_CAPABILITY=default in the same Inductor cache fails to build its C++ ("'at::vec'

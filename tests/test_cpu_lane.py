@@ -16,7 +16,7 @@ import pytest
 from parity.report import RUN_INFO_FILE, mutation_score
 from tests.shared_run import ALL_SUITES, SharedRun
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.parity_slow
 
 
 def _describe(rows: pd.DataFrame) -> str:

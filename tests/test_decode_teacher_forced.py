@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from parity.compare import FAIL, PASS, TIE_FLIP
-from parity.plugin import SuiteReport
+from parity.plugin.report_fixture import SuiteReport
 from parity.report import ReportWriter, read_results
 from parity.suites.ar.decode import (
     SETTINGS,
@@ -286,7 +286,7 @@ def test_bf16_noise_floor_is_green_on_a_correct_target_and_red_on_the_late_defec
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.parity_slow
 def test_the_decode_suite_goes_red_on_a_late_decode_defect(tmp_path: Path) -> None:
     out = tmp_path / "reports"
     args = [

@@ -203,7 +203,7 @@ def test_fullgraph_rejects_a_host_read_inside_a_block(counter, monkeypatch):
         step(serving, (32, 32), 4, cfg=False)
 
 
-@pytest.mark.slow
+@pytest.mark.parity_slow
 def test_inductor_compiled_matches_eager(counter):
     """Inductor on CPU: warm-up compile count and compiled vs eager velocity.
 

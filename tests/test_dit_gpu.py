@@ -20,7 +20,7 @@ from reference_models.dit.config import full_config
 from serving_models.dit.adapter import ServingDiT
 from serving_models.dit.model import TransformerBlock
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.parity_gpu
 
 
 def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:

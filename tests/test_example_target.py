@@ -18,7 +18,7 @@ from tests import shared_run
 from tests.helpers import PROJECT_ROOT, run_pytest
 from tests.shared_run import SharedRun
 
-pytestmark = [pytest.mark.cpu, pytest.mark.slow]
+pytestmark = [pytest.mark.parity_cpu, pytest.mark.parity_slow]
 
 EXAMPLE = shared_run.EXAMPLE.target
 AR_SUITES = "parity/suites/ar"

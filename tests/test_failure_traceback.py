@@ -14,7 +14,7 @@ SUITE = textwrap.dedent(
     """
     import pytest
 
-    pytestmark = pytest.mark.suite("demo")
+    pytestmark = pytest.mark.parity_suite("demo")
 
     def engine_forward(x):
         raise ValueError("the engine blew up at layer 3")
@@ -22,17 +22,20 @@ SUITE = textwrap.dedent(
     def check_close(report, value):
         report.record(case="c", metric="rmse_vs_golden", value=value, threshold=0.1, verdict="fail" if value > 0.1 else "pass")
 
-    def test_recorded_row_fails(report):
+    def test_recorded_row_fails(parity_report):
+        report = parity_report
         check_close(report, 0.01)
         check_close(report, 0.5)  # the failing check
         check_close(report, 0.02)
 
-    def test_target_raises_in_a_guard(report):
+    def test_target_raises_in_a_guard(parity_report):
+        report = parity_report
         with report.guard(case="g"):
             engine_forward(2)  # the target's call
         report.record(case="after", metric="m", value=0.0)
 
-    def test_bare_assert(report):
+    def test_bare_assert(parity_report):
+        report = parity_report
         report.record(case="a", metric="m", value=0.0)
         assert 1 == 2, "the suite's own assertion"
     """

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.parity_gpu
 
 
 @pytest.mark.parametrize("repeat", range(4))  # several tests, so every worker runs at least one

@@ -32,7 +32,7 @@ from parity.report import RESULTS_FILE, ReportWriter, read_results, read_run_inf
 from tests.helpers import PROJECT_ROOT, default_sigint, run_pytest_here, subprocess_env
 from tests.interrupt_plugin import SignalledRun, signal_run
 
-pytestmark = pytest.mark.cpu
+pytestmark = pytest.mark.parity_cpu
 
 KEY = ["suite", "case", "target", "mode", "site", "metric"]
 
@@ -286,7 +286,7 @@ def test_without_each_rule_the_resumed_run_is_wrong(
 ) -> None:
     """The broken variants: rerun everything (duplicate rows), keep the half-written test's rows
     (its first rows twice), or count a test with any row as done (its missing rows never come)."""
-    monkeypatch.setattr(f"parity.plugin.{switch_off[0]}", switch_off[1])
+    monkeypatch.setattr(f"parity.plugin.hooks.{switch_off[0]}", switch_off[1])
     run_dir, _, _ = interrupted_then_resumed(tmp_path, 17)
     rows = read_results(run_dir)
     assert rows.duplicated(KEY).any() or collections.Counter(rows["test"]) != complete_rows
@@ -326,7 +326,7 @@ _pytest._code.ExceptionInfo.getrepr = _cannot_format
         """
 import pytest
 
-@pytest.mark.suite("selfcheck")
+@pytest.mark.parity_suite("selfcheck")
 def test_interrupted():
     raise KeyboardInterrupt
 """

@@ -17,7 +17,7 @@ from parity.report import NOT_PROVIDED
 from parity.target import FAMILIES, SuitePlan, resolve_target, suite_plan
 from tests.shared_run import SharedRun
 
-pytestmark = [pytest.mark.cpu, pytest.mark.slow]
+pytestmark = [pytest.mark.parity_cpu, pytest.mark.parity_slow]
 
 
 def differences(plans: list[SuitePlan], frame: pd.DataFrame, selected: tuple[str, ...]) -> list[str]:

@@ -7,7 +7,7 @@ import pytest
 
 from tests.shared_run import SharedRun
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.parity_slow
 
 SUITES_WITH_ROWS = {
     "selfcheck",

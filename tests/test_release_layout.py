@@ -20,7 +20,7 @@ from reference_models.release import ReleaseConfigError, parse_ar, write_release
 from serving_models.ar.config import MammothModa2ARConfig as ServingConfig
 from tests.helpers import run_isolated_session
 
-pytestmark = pytest.mark.cpu
+pytestmark = pytest.mark.parity_cpu
 
 IDS = torch.tensor([[3, 17, 260, 42, 270, 99, 319, 5]])
 

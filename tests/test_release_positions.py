@@ -20,7 +20,7 @@ from parity.suites.ar.support import CASES, PROMPTS, token_tensor
 from reference_models.ar.config import ar_config
 from reference_models.ar.model import Qwen2RotaryEmbedding
 
-pytestmark = pytest.mark.cpu
+pytestmark = pytest.mark.parity_cpu
 
 # The release's vision placeholders and markers (Mammothmoda2Qwen2_5_VLConfig / Qwen3 defaults).
 VISION_TOKEN_IDS = {151652, 151653, 151655, 151656}

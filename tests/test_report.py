@@ -134,24 +134,24 @@ SUITE = textwrap.dedent(
     import pytest
     from parity.compare import Verdict
 
-    pytestmark = pytest.mark.suite("demo")
+    pytestmark = pytest.mark.parity_suite("demo")
 
     @pytest.mark.parametrize("i", range(6))
-    def test_rows(i, report):
-        report.record(case=f"c{i}", metric="m", value=i, threshold=10)
+    def test_rows(i, parity_report):
+        parity_report.record(case=f"c{i}", metric="m", value=i, threshold=10)
         if i == int(os.environ.get("STOP_AT", "-1")):
             os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL"]))
 
-    def test_failing_check_writes_its_row_first(report):
-        report.verdict(Verdict("fail", "max_abs", 0.5, 0.1, "layer 2"), case="bad")
-        report.verdict(Verdict("pass", "max_abs", 0.0, 0.1, "layer 3"), case="bad")
+    def test_failing_check_writes_its_row_first(parity_report):
+        parity_report.verdict(Verdict("fail", "max_abs", 0.5, 0.1, "layer 2"), case="bad")
+        parity_report.verdict(Verdict("pass", "max_abs", 0.0, 0.1, "layer 3"), case="bad")
 
-    def test_raising_check_becomes_an_error_row(report):
-        report.case = "boom"
+    def test_raising_check_becomes_an_error_row(parity_report):
+        parity_report.case = "boom"
         raise RuntimeError("index 320 is out of bounds for dimension 0 with size 64")
 
-    def test_bare_assert_becomes_a_fail_row(report):
-        report.case = "plain"
+    def test_bare_assert_becomes_a_fail_row(parity_report):
+        parity_report.case = "plain"
         assert 1 == 2, "one is not two"
     """
 )

@@ -15,7 +15,7 @@ import serving_models.routing.router as serving_routing
 from reference_models.routing import router as reference_routing
 from tests.noise_checks import routing_tie_flips
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.parity_gpu
 
 CAPACITY, NUM_EXPERTS = 64, 256
 # docs/routing.md §2: cross-implementation weight bound (ATOM / vLLM top-k tests).

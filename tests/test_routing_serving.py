@@ -163,7 +163,7 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.slow  # one Inductor compile: ~3-10 s on the shared 2-core CPU box
+@pytest.mark.parity_slow  # one Inductor compile: ~3-10 s on the shared 2-core CPU box
 def test_compiles_fullgraph_with_inductor(fresh_dynamo):
     fn = capture_fn(**CAPTURE_CASES["grouped"])
     compiled = torch.compile(fn, fullgraph=True)

@@ -23,7 +23,7 @@ from tests.runners_toys import (
     TwoExpertMoE,
 )
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.parity_gpu
 
 CUDA = "cuda"
 

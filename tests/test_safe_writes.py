@@ -326,10 +326,11 @@ def test_a_run_without_a_claim_is_live_while_its_process_is(tmp_path: Path) -> N
 SUITE_TEST = """
 import pytest
 
-pytestmark = pytest.mark.suite("selfcheck")
+pytestmark = pytest.mark.parity_suite("selfcheck")
 
 
-def test_one_row(report):
+def test_one_row(parity_report):
+    report = parity_report
     report.record(case="c", metric="m", value=0, threshold=1, better="lower")
 """
 

@@ -13,29 +13,29 @@ from parity.report import read_results, summarize
 from parity.report.baseline import baseline_rows, compare_rows
 from tests.helpers import run_pytest
 
-pytestmark = pytest.mark.cpu
+pytestmark = pytest.mark.parity_cpu
 
 SKIPPING = textwrap.dedent(
     """
     import pytest
 
-    pytestmark = pytest.mark.suite("demo")
+    pytestmark = pytest.mark.parity_suite("demo")
 
     @pytest.fixture
     def family():
         pytest.skip("target 'demo' provides no router (no router())")
 
-    def test_runs(report):
-        report.record(case="runs", metric="m", value=1.0, threshold=2.0)
+    def test_runs(parity_report):
+        parity_report.record(case="runs", metric="m", value=1.0, threshold=2.0)
 
-    def test_skips_in_setup(family, report):
-        report.record(case="never", metric="m", value=1.0)
+    def test_skips_in_setup(family, parity_report):
+        parity_report.record(case="never", metric="m", value=1.0)
 
     @pytest.mark.parametrize("mode", ["eager", "cuda_graph"])
-    def test_skips_in_call(mode, report):
+    def test_skips_in_call(mode, parity_report):
         if mode == "cuda_graph":
             pytest.skip("cuda_graph needs --device cuda")
-        report.record(case="call", mode=mode, metric="m", value=1.0, threshold=2.0)
+        parity_report.record(case="call", mode=mode, metric="m", value=1.0, threshold=2.0)
 
     def test_not_a_suite_test_is_left_alone():
         pass

@@ -29,7 +29,7 @@ from parity.suites.dit.test_recompiles import Point, control_target, run_point
 from reference_models.checkpoints import make_checkpoint
 from tests.helpers import run_isolated_session
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.parity_slow
 
 RECOMPILES = "parity/suites/dit/test_recompiles.py"
 NUMERICS = "parity/suites/dit/test_numerics.py"

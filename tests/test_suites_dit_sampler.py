@@ -17,7 +17,7 @@ import pytest
 from parity.suites.dit.support import CASES, cases_for
 from tests.test_suites_dit import IMAGE, failing_gates, run_suites
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.parity_slow
 
 SAMPLER = "parity/suites/dit/test_sampler.py"
 MUTANTS = "parity.suites.dit.mutants"

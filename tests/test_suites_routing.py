@@ -28,7 +28,7 @@ from tests.helpers import PROJECT_ROOT
 CPU = torch.device("cpu")
 
 
-@pytest.mark.slow  # two spawned ranks
+@pytest.mark.parity_slow  # two spawned ranks
 def test_rank_check_catches_a_router_that_ignores_the_count(tmp_path: Path) -> None:
     spec = cases.CASES["rank"]
     job = ranks.RankJob(

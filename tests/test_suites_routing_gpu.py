@@ -13,7 +13,7 @@ import torch
 from parity.compare import ERROR, FAIL
 from tests.helpers import PROJECT_ROOT, run_pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.parity_gpu
 
 SUITE_FILES = [
     "parity/suites/routing/test_grid.py",

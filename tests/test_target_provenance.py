@@ -12,7 +12,7 @@ import pytest
 from parity.env import target_provenance
 from tests.helpers import run_pytest
 
-pytestmark = pytest.mark.cpu
+pytestmark = pytest.mark.parity_cpu
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -66,8 +66,8 @@ def test_run_json_records_the_targets_provenance(engine_repo: Path, tmp_path: Pa
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_demo.py").write_text(
-        "import pytest\npytestmark = pytest.mark.suite('demo')\n\n"
-        "def test_demo(report, target):\n    report.record(case=target.name, metric='m', value=1.0)\n"
+        "import pytest\npytestmark = pytest.mark.parity_suite('demo')\n\n"
+        "def test_demo(parity_report, parity_target):\n    parity_report.record(case=parity_target.name, metric='m', value=1.0)\n"
     )
     args = [str(suite), "-q", "--parity-report-dir", str(tmp_path / "out"), "--parity-run-id", "r"]
     args += ["--parity-target", "my_engine_pv.parity_target:make_target"]

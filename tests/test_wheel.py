@@ -21,7 +21,7 @@ import pytest
 from parity.report import read_results
 from tests.helpers import PROJECT_ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.parity_slow
 
 
 def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -1,10 +1,11 @@
 """Lanes: the markers, which tests the plugin acts on, the CPU lane's threads and xdist's GPUs.
 
-The plugin is installed for every pytest session of an environment, so it acts only on parity's
-own tests: those marked `suite(...)`, or every test when the rootdir's configuration says
-`parity_scope = "all"` (this repository does, for its harness tests). On those it adds the lane
-marker of `--parity-device` to unmarked tests (so `-m cpu` / `-m gpu` select lanes), sets the CPU
-lane's thread count and resets Dynamo before each test; in any other session it changes nothing.
+The plugin is installed for every pytest session of an environment, so everything it adds is
+namespaced (`parity_*` markers and fixtures) and it acts only on parity's own tests: those marked
+`parity_suite(...)`, or every test when the rootdir's configuration says `parity_scope = "all"`
+(this repository does, for its harness tests). On those it adds the lane marker of
+`--parity-device` to unmarked tests (so `-m parity_cpu` / `-m parity_gpu` select lanes), sets the
+CPU lane's thread count and resets Dynamo before each test; in any other session it changes nothing.
 """
 
 from __future__ import annotations
@@ -14,13 +15,19 @@ import subprocess
 
 import pytest
 
+CPU = "parity_cpu"
+GPU = "parity_gpu"
+SLOW = "parity_slow"
+SUITE = "parity_suite"
+KEEP_COMPILE_CACHE = "parity_keep_compile_cache"
+LANES = {"cpu": CPU, "cuda": GPU}  # --parity-device -> the lane marker its unmarked parity tests get
+# pytest-benchmark registers its own `benchmark` marker; parity's benchmark suite uses that one.
 MARKERS = {
-    "cpu": "needs no GPU; the CI lane `pytest -m cpu` (unmarked parity tests take the lane of --parity-device)",
-    "gpu": "needs a CUDA device; skipped with a reason when none is present",
-    "slow": "takes more than a few seconds on the CPU lane",
-    "benchmark": "a pytest-benchmark measurement; run without xdist (`-p no:xdist`)",
-    "suite(name)": "the report suite a test writes rows for (e.g. numerics, routing)",
-    "keep_compile_cache": (
+    CPU: "needs no GPU; the CPU lane `pytest -m parity_cpu` (unmarked parity tests take the lane of --parity-device)",
+    GPU: "needs a CUDA device; skipped with a reason when none is present",
+    SLOW: "takes more than a few seconds on the CPU lane",
+    f"{SUITE}(name)": "the report suite a test writes rows for (e.g. numerics, routing)",
+    KEEP_COMPILE_CACHE: (
         "skip the per-test Dynamo reset: for parity tests that compare outputs of the same compiled "
         "functions (reuse cannot hide a parity failure; guards still hold) and must not recompile them"
     ),
@@ -38,26 +45,32 @@ IGNORED_WARNINGS = ("ignore:`torch.jit.script_method` is deprecated:DeprecationW
 def register_markers(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def ignore_torch_warnings(config: pytest.Config) -> None:
+    """In a parity session only: warnings torch's own imports raise are not a suite's."""
     for warning in IGNORED_WARNINGS:
         config.addinivalue_line("filterwarnings", warning)
 
 
 def suite_of(item: pytest.Item) -> str | None:
-    marker = item.get_closest_marker("suite")
+    marker = item.get_closest_marker(SUITE)
     return marker.args[0] if marker and marker.args else None
 
 
 def scope(config: pytest.Config) -> str:
-    value = str(config.getini("parity_scope")).strip() or "suites"
+    value = str(config.getini("parity_scope") or "").strip() or "suites"
     if value not in SCOPES:
         raise pytest.UsageError(f"ini option parity_scope = {value!r}: expected one of {', '.join(SCOPES)}")
     return value
 
 
 def parity_session(config: pytest.Config) -> bool:
-    """Whether the session is a parity one before anything is collected: `parity_scope = all`, or
-    a `--parity-*` option on the command line (`parity run` always passes one)."""
-    return scope(config) == "all" or any(str(a).startswith("--parity-") for a in config.invocation_params.args)
+    """Whether the session is a parity one before anything is collected: the rootdir's
+    configuration names `parity_scope` (a project with parity tests of its own says so once), or a
+    `--parity-*` option is on the command line (`parity run` always passes one). Collecting
+    `parity.suites` makes a session a parity one too (their conftest activates the plugin)."""
+    return config.getini("parity_scope") is not None or any(str(a).startswith("--parity-") for a in config.invocation_params.args)
 
 
 def is_parity_test(item: pytest.Item) -> bool:
@@ -67,10 +80,10 @@ def is_parity_test(item: pytest.Item) -> bool:
 
 def mark_lanes(items: list[pytest.Item], device: str) -> None:
     """Give unmarked parity tests the lane of `device`."""
-    lane = "gpu" if device == "cuda" else "cpu"
+    lane = LANES[device]
     for item in items:
-        if is_parity_test(item) and item.get_closest_marker("gpu") is None and item.get_closest_marker("cpu") is None:
-            item.add_marker(getattr(pytest.mark, lane))
+        if is_parity_test(item) and item.get_closest_marker(GPU) is None and item.get_closest_marker(CPU) is None:
+            item.add_marker(lane)
 
 
 def cpu_threads() -> int:

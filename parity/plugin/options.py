@@ -207,9 +207,10 @@ def add_pytest_options(parser: Any) -> None:
     group.addoption("--parity-no-summary", action="store_true", help=argparse.SUPPRESS)  # parity run prints its own
     parser.addini(
         "parity_scope",
-        "which tests the plugin acts on: 'suites' (tests marked suite(...); the default) or 'all' "
-        "(every test of the session: lane marks, the CPU thread count, a fresh Dynamo cache)",
-        default="suites",
+        "which tests the plugin acts on: 'suites' (tests marked parity_suite(...); the default) or "
+        "'all' (every test of the session: lane marks, the CPU thread count, a fresh Dynamo cache); "
+        "set either way, it makes every session of the project a parity one",
+        default=None,  # unset: a session is a parity one only by its options (parity.plugin.lanes)
     )
 
 

@@ -1,5 +1,7 @@
-"""The per-test row writer (`report`) and the fixtures a suite uses (`settings`, `run_dir`,
-`device`, `target`), plus the fresh Dynamo cache every parity test starts with."""
+"""The per-test row writer (`parity_report`) and the fixtures a suite uses (`parity_settings`,
+`parity_run_dir`, `parity_device`, `parity_target`), plus the fresh Dynamo cache every parity test
+starts with. Namespaced, so they never shadow a project's own `report` or `device`; parity's own
+test folders use the short names (`parity.plugin.short_names`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 
 from parity.compare import ERROR, FAIL, PASS, TensorDiff, TreeDiff, Verdict, better_of
-from parity.plugin.lanes import is_parity_test, suite_of
+from parity.plugin.lanes import KEEP_COMPILE_CACHE, SUITE, is_parity_test, suite_of
 from parity.plugin.session import RunSession, session_target
 from parity.report import ReportWriter
 
@@ -157,13 +159,13 @@ def default_case(item: pytest.Item) -> str:
 
 
 @pytest.fixture
-def report(request: pytest.FixtureRequest) -> SuiteReport:
-    """The row writer of this test's suite (declared with `pytest.mark.suite("name")`)."""
+def parity_report(request: pytest.FixtureRequest) -> SuiteReport:
+    """The row writer of this test's suite (declared with `pytest.mark.parity_suite("name")`)."""
     suite = suite_of(request.node)
     if not suite:
         raise pytest.UsageError(
             f"{request.node.nodeid} uses the report fixture but declares no suite: "
-            "add pytestmark = pytest.mark.suite('<name>') to its module"
+            f"add pytestmark = pytest.mark.{SUITE}('<name>') to its module"
         )
     rep = SuiteReport(request.config.stash[WRITER], suite, request.node.nodeid, default_case(request.node))
     request.node.stash[REPORT] = rep
@@ -171,38 +173,39 @@ def report(request: pytest.FixtureRequest) -> SuiteReport:
 
 
 @pytest.fixture(scope="session")
-def settings(pytestconfig: pytest.Config) -> RunSession:
+def parity_settings(pytestconfig: pytest.Config) -> RunSession:
     """The run's options (device, size, dtype, target, run_dir, seed), read once."""
     return pytestconfig.stash[SESSION]
 
 
 @pytest.fixture(scope="session")
-def run_dir(settings: RunSession) -> Path:
+def parity_run_dir(parity_settings: RunSession) -> Path:
     """This run's directory: results.csv, images and the review page go here (made at the first row)."""
-    return settings.run_dir
+    return parity_settings.run_dir
 
 
 @pytest.fixture(scope="session")
-def device(settings: RunSession) -> Any:
+def parity_device(parity_settings: RunSession) -> Any:
+    """The run's torch device (--parity-device)."""
     import torch
 
-    return torch.device(settings.device)
+    return torch.device(parity_settings.device)
 
 
 @pytest.fixture(scope="session")
-def target(pytestconfig: pytest.Config) -> Any:
+def parity_target(pytestconfig: pytest.Config) -> Any:
     """The implementation under test, resolved once from --parity-target (see parity.target); the
     plugin resolves it up front when the session selects a parity test."""
     return session_target(pytestconfig)
 
 
 @pytest.fixture(autouse=True)
-def fresh_compile_state(request: pytest.FixtureRequest) -> Iterator[None]:
+def parity_fresh_compile_state(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every parity test starts with an empty Dynamo cache: a test that expects "one compile on the
     first shape" must not pass or fail because of what an earlier test compiled (vllm-omni#7455).
-    Tests marked `keep_compile_cache` (output comparisons only) opt out; tests the plugin does not
-    act on (another project's, in the same environment) are left alone."""
-    if is_parity_test(request.node) and request.node.get_closest_marker("keep_compile_cache") is None:
+    Tests marked `parity_keep_compile_cache` (output comparisons only) opt out; tests the plugin
+    does not act on (another project's, in the same environment) are left alone."""
+    if is_parity_test(request.node) and request.node.get_closest_marker(KEEP_COMPILE_CACHE) is None:
         from parity.observe.compile_ledger import reset_compile_state
 
         reset_compile_state()

@@ -24,10 +24,12 @@ import pytest
 import torch
 
 from parity.compare.verdict import SKIP
-from parity.plugin import resumed_test_ids, writes_session_rows
-from parity.plugin.lanes import suite_of
+from parity.plugin import activate
+from parity.plugin.hooks import resumed_test_ids, writes_session_rows
+from parity.plugin.lanes import KEEP_COMPILE_CACHE, suite_of
 from parity.plugin.report_fixture import WRITER
 from parity.plugin.session import option, session_target
+from parity.plugin.short_names import device, report, run_dir, settings, target  # noqa: F401 - this folder's fixture names
 from parity.report import NOT_PROVIDED
 from parity.runners import modes_for
 from parity.suites.ar.support import ARModels, build_ar_models
@@ -35,6 +37,12 @@ from parity.suites.dit.support import DiTModels, build_dit_models, require_dit
 from parity.target import TargetError, family_gap, not_selected, suite_plan
 
 SUITES_DIR = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Collecting the suites makes the session a parity one, options or not
+    (`pytest --pyargs parity.suites`)."""
+    activate(config)
 
 
 def _parametrizes(metafunc: pytest.Metafunc, name: str) -> bool:
@@ -139,41 +147,41 @@ FAMILY_ORDER = ("ar_models", "dit_models")
 
 def _order_by_family(items: list[pytest.Item]) -> None:
     """Run the tests of one model family together (AR, then DiT, then the rest), file order kept;
-    inside a family, the tests that share compiled code (`keep_compile_cache`) first, so that no
+    inside a family, the tests that share compiled code (`parity_keep_compile_cache`) first, so that no
     test starting from an empty Dynamo cache runs between them and throws their compiles away
     (docs/capture-and-compile.md §3)."""
 
     def family(item: pytest.Item) -> tuple[int, bool]:
         names = getattr(item, "fixturenames", ())
         index = next((i for i, name in enumerate(FAMILY_ORDER) if name in names), len(FAMILY_ORDER))
-        return index, item.get_closest_marker("keep_compile_cache") is None
+        return index, item.get_closest_marker(KEEP_COMPILE_CACHE) is None
 
     items.sort(key=family)
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _sensitivity_sessions_early(request: pytest.FixtureRequest, settings: Any, tmp_path_factory: pytest.TempPathFactory):
+def _sensitivity_sessions_early(request: pytest.FixtureRequest, parity_settings: Any, tmp_path_factory: pytest.TempPathFactory):
     """A serial run with a spare core starts the sensitivity suite's isolated sessions at its
     first test, so they run beside the other suites (`parity/suites/sensitivity/runs.py`)."""
     from parity.suites.sensitivity.runs import start_early
 
-    with start_early(request.session, settings, tmp_path_factory):
+    with start_early(request.session, parity_settings, tmp_path_factory):
         yield
 
 
 @pytest.fixture
-def ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
+def ar_models(parity_settings: Any, parity_target: Any, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
     """The AR target, reference and golden (built once per session while resident)."""
-    reason = family_gap(target, "ar")
+    reason = family_gap(parity_target, "ar")
     if reason:
         pytest.skip(reason)
-    build = lambda: build_ar_models(settings, target, tmp_path_factory)
-    return RESIDENT.get("ar", build, exclusive=settings.size == "full")
+    build = lambda: build_ar_models(parity_settings, parity_target, tmp_path_factory)
+    return RESIDENT.get("ar", build, exclusive=parity_settings.size == "full")
 
 
 @pytest.fixture
-def dit_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
+def dit_models(parity_settings: Any, parity_target: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
     """The DiT target, reference and golden (built once per session while resident)."""
-    require_dit(target)
-    build = lambda: build_dit_models(target, settings, tmp_path_factory)
-    return RESIDENT.get("dit", build, exclusive=settings.size == "full")
+    require_dit(parity_target)
+    build = lambda: build_dit_models(parity_target, parity_settings, tmp_path_factory)
+    return RESIDENT.get("dit", build, exclusive=parity_settings.size == "full")

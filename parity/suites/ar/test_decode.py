@@ -43,7 +43,7 @@ from parity.suites.ar.decode import (
 from parity.suites.ar.support import CASES, ARModels, DecodeCase, ids_of
 from parity.suites.conftest import require_graph_support
 
-pytestmark = pytest.mark.suite("decode")
+pytestmark = pytest.mark.parity_suite("decode")
 
 DECODE = CASES["decode"]
 MODES = ["eager", "cpu_graph", "cuda_graph"]

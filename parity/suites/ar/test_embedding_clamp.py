@@ -20,7 +20,7 @@ from parity.runners import make_runner
 from parity.suites.ar.support import CASES, TOL, ClampCase, ids_of, resolve_token
 from parity.suites.conftest import require_graph_support
 
-pytestmark = pytest.mark.suite("embedding_clamp")
+pytestmark = pytest.mark.parity_suite("embedding_clamp")
 
 CLAMP = CASES["clamp"]
 COMPILE = CASES["clamp_compile"]
@@ -50,7 +50,7 @@ def _lookup_taps(models) -> dict:
     return {"base": base} | ({"gen": gen} if gen is not None else {})
 
 
-@pytest.mark.keep_compile_cache
+@pytest.mark.parity_keep_compile_cache
 def test_both_lookups_receive_only_in_range_indices(mode: str, ar_models, report) -> None:
     models = ar_models
     require_graph_support(models.target, mode)
@@ -114,7 +114,7 @@ def test_each_id_embeds_as_documented(case: ClampCase, ar_models, report) -> Non
     )
 
 
-@pytest.mark.keep_compile_cache
+@pytest.mark.parity_keep_compile_cache
 def test_compiled_lookup_equals_eager_bitwise(ar_models, report) -> None:
     models = ar_models
     require_graph_support(models.target, "compiled")

@@ -36,7 +36,7 @@ from parity.suites.ar.support import (
 from parity.suites.conftest import require_graph_support
 from reference_models.checkpoints import random_state_dict
 
-pytestmark = [pytest.mark.suite("expert_selection"), pytest.mark.keep_compile_cache]
+pytestmark = [pytest.mark.parity_suite("expert_selection"), pytest.mark.parity_keep_compile_cache]
 
 GRAPH_TOL = {"compiled": "compiled_vs_eager_fp32", "compiled_cuda_graph": "compiled_vs_eager_fp32"}
 

@@ -25,7 +25,7 @@ from parity.suites.ar import fail_closed_cases
 from parity.suites.ar.support import PROMPTS, TOL, moe_taps, observe_expert_use, record_policy_not_applicable
 from parity.suites.conftest import require_graph_support
 
-pytestmark = pytest.mark.suite("fail_closed_capture")
+pytestmark = pytest.mark.parity_suite("fail_closed_capture")
 
 # What the refusal must contain, by row metric: the words of docs/targets.md §3.1 (parity.contract).
 REQUIRED_PHRASES = REFUSAL_PHRASES

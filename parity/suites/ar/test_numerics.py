@@ -20,7 +20,7 @@ from parity.runners import make_runner
 from parity.suites.ar.support import PROMPTS, TOL, Prompt, ids_of, judge, moe_taps, skip_full_size_compile
 from parity.suites.conftest import require_graph_support
 
-pytestmark = [pytest.mark.suite("numerics"), pytest.mark.keep_compile_cache]
+pytestmark = [pytest.mark.parity_suite("numerics"), pytest.mark.parity_keep_compile_cache]
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))

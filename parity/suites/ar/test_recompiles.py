@@ -30,7 +30,7 @@ from parity.suites.ar.support import CASES, ARModels, RecompileLattice
 from parity.suites.conftest import require_graph_support
 from parity.suites.recompile_rows import write_ledger_summary
 
-pytestmark = pytest.mark.suite("recompiles")
+pytestmark = pytest.mark.parity_suite("recompiles")
 
 LATTICE: RecompileLattice = CASES["recompiles"]
 COMPILE = requirement("compile_settings")  # make_runner("compiled")'s defaults, as docs/targets.md §2.2 states them

@@ -19,7 +19,7 @@ from parity.suites.ar.support import PROMPTS, token_tensor
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.checkpoints import make_checkpoint
 
-pytestmark = pytest.mark.suite("weight_coverage")
+pytestmark = pytest.mark.parity_suite("weight_coverage")
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,7 @@ from reference_models.checkpoints import random_state_dict
 from reference_models.dit.checkpoint import random_state_dict as dit_random_state_dict
 from reference_models.dit.config import config_for_size
 
-pytestmark = [pytest.mark.suite("benchmark"), pytest.mark.benchmark]
+pytestmark = [pytest.mark.parity_suite("benchmark"), pytest.mark.benchmark]
 
 
 @dataclasses.dataclass(frozen=True)

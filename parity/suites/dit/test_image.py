@@ -38,7 +38,7 @@ from parity.suites.dit.support import (
     text_inputs,
 )
 
-pytestmark = pytest.mark.suite("image")
+pytestmark = pytest.mark.parity_suite("image")
 
 DATA_RANGE = IMAGE_DATA_RANGE
 

@@ -34,7 +34,7 @@ from parity.suites.dit.support import (
     velocity_inputs,
 )
 
-pytestmark = pytest.mark.suite("numerics")
+pytestmark = pytest.mark.parity_suite("numerics")
 
 INFO_METRICS = ("mean_abs", "rel_l2", "cosine", "max_ulp")
 

@@ -46,7 +46,7 @@ from parity.suites.dit.support import (
 )
 from parity.suites.recompile_rows import write_ledger_summary
 
-pytestmark = pytest.mark.suite("recompiles")
+pytestmark = pytest.mark.parity_suite("recompiles")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,7 @@ from parity.suites.dit.support import CASES, TORCH_DTYPES, DiTModels, SamplerCas
 from reference_models.checkpoints import make_checkpoint
 from reference_models.dit.adapter import ReferenceDiT
 
-pytestmark = pytest.mark.suite("sampler")
+pytestmark = pytest.mark.parity_suite("sampler")
 
 LATTICE = CASES["schedule"]
 POINTS = [(steps, h, w) for steps in LATTICE.steps for h, w in LATTICE.sizes]

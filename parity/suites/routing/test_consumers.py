@@ -9,7 +9,7 @@ import pytest
 from parity.suites.routing.cases import CASES
 from parity.suites.routing.support import load_name, load_points, load_rows, write_rows
 
-pytestmark = pytest.mark.suite("routing")
+pytestmark = pytest.mark.parity_suite("routing")
 
 POINTS = load_points()
 

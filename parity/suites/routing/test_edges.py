@@ -17,7 +17,7 @@ import pytest
 from parity.suites.routing.cases import CASES, EdgeCase, RefuseCase
 from parity.suites.routing.support import PadPoint, edge_cases, edge_rows, pad_points, pad_rows, refuse_rows, write_rows
 
-pytestmark = pytest.mark.suite("routing")
+pytestmark = pytest.mark.parity_suite("routing")
 
 EDGES = edge_cases()
 PADS = pad_points()

@@ -15,7 +15,7 @@ import pytest
 from parity.suites.routing.cases import CASES
 from parity.suites.routing.support import GridPoint, grid_points, grid_rows, write_rows
 
-pytestmark = pytest.mark.suite("routing")
+pytestmark = pytest.mark.parity_suite("routing")
 
 POINTS = grid_points()
 SERVING_SCALE = grid_points("grid_serving_scale")

@@ -17,7 +17,7 @@ from parity.suites.conftest import require_graph_support
 from parity.suites.routing.cases import CASES
 from parity.suites.routing.support import batch_rows, replay_rows, write_rows
 
-pytestmark = pytest.mark.suite("routing")
+pytestmark = pytest.mark.parity_suite("routing")
 
 GRAPH_MODE = {"cpu": "cpu_graph", "cuda": "cuda_graph"}
 

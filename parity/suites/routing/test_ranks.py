@@ -16,7 +16,7 @@ from parity.suites.routing.cases import CASES
 from parity.suites.routing.ranks import RankJob, choose_backend, missing_members, rank_case_names, rank_rows, run_ranks
 from parity.suites.routing.support import write_rows
 
-pytestmark = pytest.mark.suite("routing")
+pytestmark = pytest.mark.parity_suite("routing")
 
 
 def test_route_then_gather_equals_gather_then_route(report, target, device, settings, tmp_path) -> None:

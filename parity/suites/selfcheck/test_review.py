@@ -23,7 +23,7 @@ from parity.compare import AT_LEAST, AT_MOST, FIXED, MEASURED, count_rule
 from parity.report.review import load_review
 from parity.report.rows import COLUMNS, RESULTS_FILE
 
-pytestmark = pytest.mark.suite("selfcheck")
+pytestmark = pytest.mark.parity_suite("selfcheck")
 
 ROW = {
     "run_id": "crafted",

@@ -19,7 +19,7 @@ from parity.cases import Positive, Range, Seed, Table, load_case_file
 from parity.compare import AT_MOST, EXACTLY, Tolerance, count_rule, diff, threshold_rule, ulp_distance
 from parity.compare.images import psnr
 
-pytestmark = pytest.mark.suite("selfcheck")
+pytestmark = pytest.mark.parity_suite("selfcheck")
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

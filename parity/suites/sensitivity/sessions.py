@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 # Imported once by the server, before any fork. Heavy and fork-safe (no threads, no CUDA).
-DEFAULT_PRELOAD = ("torch", "numpy", "pandas", "pytest", "xdist", "parity.plugin")
+DEFAULT_PRELOAD = ("torch", "numpy", "pandas", "pytest", "xdist", "parity.plugin.hooks")
 
 
 class ForkServerError(RuntimeError):

@@ -31,7 +31,7 @@ from parity.suites.sensitivity.runs import (
     run_covers_seed_independent,
 )
 
-pytestmark = [pytest.mark.suite("sensitivity"), pytest.mark.slow]
+pytestmark = [pytest.mark.parity_suite("sensitivity"), pytest.mark.parity_slow]
 
 
 @pytest.fixture(scope="module")

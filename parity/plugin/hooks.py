@@ -1,0 +1,576 @@
+"""The hooks of a parity session: registered by `parity.plugin.activate` only in sessions that run
+parity tests, so another project's pytest never imports torch or pandas through parity.
+
+Hooks only; the pieces live beside it: `options` (the `--parity-*` options, shared with `parity
+run`), `session` (the run a session belongs to, its run directory and writer), `report_fixture`
+(the `report` fixture a suite writes rows through, and the other fixtures), `lanes` (markers, which
+tests the plugin acts on, threads, GPU pinning). The plugin turns a recorded failing row into a
+failed test, a check that raised into an `error` row and a failed setup into an `error` row, so
+the CSV holds every outcome; a skipped suite test leaves a `skip` row with pytest's reason. Under pytest-xdist the controller chooses the run directory and hands
+it to the workers; every process appends to the same `results.csv` (see `parity.report`).
+
+Mistakes in the options stop the session before any test with one `ERROR:` line and exit status
+4: the target is resolved once, up front, as soon as a parity test is selected; an unknown
+`--parity-suite` names the suites that exist. Under xdist a worker cannot stop the session by
+itself, so it selects nothing and hands its line to the controller, which prints it. The process
+that runs the session records its end in `run.json` (`session.finish_run`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import traceback
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from parity import env
+from parity.cases import CaseFileError, add_case_dirs, defer_errors, unreadable_case_files
+from parity.compare import ERROR, FAIL, SKIP
+from parity.plugin import lanes
+from parity.plugin import report_fixture as report_fixture_module
+from parity.plugin.report_fixture import (  # noqa: F401 - fixtures are found in the plugin's namespace
+    REPORT,
+    SESSION,
+    WRITER,
+    SuiteReport,
+    default_case,
+    parity_device,
+    parity_fresh_compile_state,
+    parity_report,
+    parity_run_dir,
+    parity_settings,
+    parity_target,
+)
+from parity.plugin.resume import ResumePlan, drop_rows, plan_resume
+from parity.plugin.session import (
+    WORKER_CONTROLLER_PID,
+    WORKER_RUN_DIR,
+    RunDirError,
+    RunSession,
+    SignalWatch,
+    finish_run,
+    option,
+    probe_report_dir,
+    session_target,
+    unwritten_text,
+)
+from parity.report import RESULTS_FILE, RUN_INFO_FILE, add_suite_seconds, format_summary, read_results, summarize
+from parity.report.rows import RowNotWritten
+from parity.target import TargetError
+
+USAGE_ERRORS = pytest.StashKey[list[str]]()
+REFUSED = pytest.StashKey[str]()  # the line this process refused the session with, before any test
+SIGNALS = pytest.StashKey[SignalWatch]()
+OWN_SIGNALS = pytest.StashKey[bool]()  # whether this session installed the watch (not `parity run`'s)
+RESUMED = pytest.StashKey[dict[str, Any]]()  # run.json of an --parity-append'ed run before this session
+RESUME = pytest.StashKey[ResumePlan]()  # what an --parity-append'ed session skips and reruns
+UNWRITTEN = pytest.StashKey[dict[str, Any]]()  # rows xdist workers could not write: count, error, tests
+WORKER_USAGE_ERROR = "parity_usage_error"  # key of a worker's one-line usage error in its workeroutput
+WORKER_RESUME_DONE = "parity_resume_done"  # workerinput: node ids an appended run already holds rows of
+WORKER_UNWRITTEN = "parity_unwritten"  # workeroutput: [count, first error, tests] of rows the disk refused
+
+
+class _XdistHooks:
+    """Registered only when pytest-xdist is active: hands the run directory to every worker."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[WORKER_RUN_DIR] = str(self.config.stash[SESSION].run_dir)
+        node.workerinput[WORKER_CONTROLLER_PID] = self.config.stash[SESSION].controller_pid
+        plan = self.config.stash.get(RESUME, None)
+        if plan is not None:  # decided once, here: every worker must deselect the same tests
+            node.workerinput[WORKER_RESUME_DONE] = sorted(plan.done)
+
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        count, why, tests = getattr(node, "workeroutput", {}).get(WORKER_UNWRITTEN, (0, "", []))
+        if count:
+            unwritten = self.config.stash.setdefault(UNWRITTEN, {"count": 0, "error": "", "tests": set()})
+            unwritten["count"] += int(count)
+            unwritten["error"] = unwritten["error"] or str(why)
+            unwritten["tests"] |= set(tests)
+        message = getattr(node, "workeroutput", {}).get(WORKER_USAGE_ERROR)
+        errors = self.config.stash.setdefault(USAGE_ERRORS, [])
+        if message and message not in errors:
+            errors.append(message)
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def usage_error(config: pytest.Config, message: str, items: list[pytest.Item]) -> None:
+    """Stop the session before any test with one line: a `pytest.UsageError` (pytest prints
+    `ERROR: <message>`, exit status 4); in an xdist worker, where that would be an INTERNALERROR,
+    select nothing and hand the line to the controller (`pytest_testnodedown`, `pytest_sessionfinish`)."""
+    if _is_worker(config):
+        config.workeroutput[WORKER_USAGE_ERROR] = message
+        config.hook.pytest_deselected(items=list(items))
+        items.clear()
+        return
+    config.stash[REFUSED] = message  # pytest still calls pytest_collection_finish (a `finally`)
+    raise pytest.UsageError(message)
+
+
+class _InterruptRepr:
+    """pytest formats the interrupted traceback in `pytest_keyboard_interrupt`. On Python 3.11 a
+    signal that lands where a frame has no line number (`tb_lineno` None) makes that formatting
+    raise TypeError (the trace in pytest-dev/pytest-xdist#1196), and pytest's own traceback would
+    replace the run's end: the summary and the line that say the run is interrupted. Then Python's
+    own formatting of the traceback (which takes a missing line number) stands in for pytest's."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Iterator[None]:
+        try:
+            return (yield)
+        except TypeError:
+            terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+            if terminal is not None:  # pytest reports the interruption from this memo at the session's end
+                from _pytest._code.code import ReprExceptionInfo, ReprFileLocation, ReprTracebackNative
+
+                lines = traceback.format_exception(excinfo.value)
+                crash = ReprFileLocation(
+                    path="", lineno=0, message=f"{type(excinfo.value).__name__} (pytest could not format it)"
+                )
+                terminal._keyboardinterrupt_memo = ReprExceptionInfo(reprtraceback=ReprTracebackNative(lines), reprcrash=crash)
+            return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    lanes.ignore_torch_warnings(config)
+    config.pluginmanager.register(_InterruptRepr(config), "parity-interrupt-repr")
+    # oneDNN's ISA follows a forced ATEN_CPU_CAPABILITY and Inductor gets a cache per kernel set
+    # (docs/cpu-kernels.md); only acts when ATEN_CPU_CAPABILITY is set, before any kernel runs.
+    env.select_cpu_kernels()
+    session = RunSession.from_config(config)
+    if session.device == "cuda":
+        lanes.pin_xdist_worker_to_gpu()  # before anything initialises CUDA
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError("--parity-device cuda: no CUDA device is available on this machine")
+        if session.dtype == "fp32":
+            # fp32 means IEEE fp32: cuDNN convolutions default to TF32 (10-bit mantissa), which would
+            # put half-precision noise into the decoder of an "fp32" run; the catalogue's fp32 kills
+            # on the CUDA lane (defects invisible at bf16) assume fp32 rounding.
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+    add_case_dirs(session.cases_dirs)
+    config.stash[SESSION] = session
+    config.stash[WRITER] = session.writer(config)
+    if session.append and not _is_worker(config) and (session.run_dir / RESULTS_FILE).is_file():
+        config.stash[RESUME] = plan_resume(session.run_dir)
+    if not _is_worker(config):
+        config.pluginmanager.register(_SuiteClock(config), "parity-suite-clock")
+        if config.pluginmanager.hasplugin("xdist"):
+            config.pluginmanager.register(_XdistHooks(config), "parity-xdist")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The CPU kernel set and thread count of a parity session on the CPU, and a note whenever
+    parity capped oneDNN."""
+    kernels = env.cpu_kernels()
+    lines = [f"parity: {kernels['note']}"] if "note" in kernels else []
+    if option(config, "device") == "cpu":
+        chosen = " ".join(f"{k}={v}" for k, v in kernels.items() if k in env.CPU_KERNEL_ENV and v)
+        line = f"parity: CPU kernels {kernels['cpu_capability']}, {lanes.cpu_threads()} thread(s)" + (
+            f"; {chosen}" if chosen else ""
+        )
+        lines.insert(0, line)
+    return lines
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give unmarked parity tests the lane of --parity-device, apply --parity-suite, and set the
+    CPU lane's thread count when parity tests run in this process."""
+    session = config.stash[SESSION]
+    lanes.mark_lanes(items, session.device)
+    wanted = set(session.suites)
+    known = {lanes.suite_of(item) for item in items} - {None}
+    unknown = sorted(wanted - known)
+    if unknown:
+        listed = ", ".join(sorted(known)) or "none (no parity test was collected)"
+        usage_error(
+            config,
+            f"--parity-suite {', '.join(map(repr, unknown))}: no such suite among the collected tests; suites: {listed}",
+            items,
+        )
+        return
+    if wanted:
+        keep, drop = [], []
+        for item in items:
+            (keep if lanes.suite_of(item) in wanted else drop).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+    _deselect_resumed(config, items)
+    # A case file that could not be read stops the session only when a selected test reads it
+    # (parity.cases.unreadable_case_files): one line, exit 4, whatever else is broken elsewhere.
+    unreadable = unreadable_case_files(item.path for item in items)
+    if unreadable:
+        usage_error(config, unreadable, items)
+        return
+    if session.device == "cpu" and any(lanes.is_parity_test(item) for item in items):
+        lanes.set_cpu_threads()
+
+
+def resumed_test_ids(config: pytest.Config) -> set[str]:
+    """The `test` ids whose rows an appended run already holds (`parity.plugin.resume`: decided by
+    the controller, handed to xdist workers); empty for a new run."""
+    if _is_worker(config):
+        return set(config.workerinput.get(WORKER_RESUME_DONE, ()))
+    plan = config.stash.get(RESUME, None)
+    return set(plan.done) if plan is not None else set()
+
+
+def writes_session_rows(config: pytest.Config) -> bool:
+    """Whether this process writes the rows a session writes once (not per test): the serial
+    session, or the first xdist worker (every worker collects the same tests)."""
+    return not _is_worker(config) or config.workerinput.get("workerid") == "gw0"
+
+
+def _deselect_resumed(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An appended session does not run again the tests whose rows the run already holds."""
+    done = resumed_test_ids(config)
+    if not done:
+        return
+    skip = [item for item in items if item.nodeid in done]
+    if skip:
+        config.hook.pytest_deselected(items=skip)
+        items[:] = [item for item in items if item.nodeid not in done]
+
+
+def _drop_resumed_rows(config: pytest.Config) -> None:
+    """Once per session, when its tests are about to run: drop the rows of the tests the resumed run
+    may hold half-written (and its torn records), so their rows are not recorded twice. Whether or
+    not they are selected now: a test without rows is missing, and runs whenever it is selected."""
+    plan = config.stash.get(RESUME, None)
+    if plan is not None and plan.changes_results:
+        drop_rows(plan)
+        config.stash[RESUME] = dataclasses.replace(plan, dropped_rows=0, torn=0)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """The session is past collection and its up-front checks: a resumed run's half-written rows go
+    now, before any test (an xdist controller schedules none before its own loop, which follows)."""
+    if not _is_worker(session.config):
+        _drop_resumed_rows(session.config)
+
+
+SUITE_PROPERTY = "parity_suite"  # a test report's user property naming its report suite (xdist sends it along)
+SUITE_SECONDS = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Resolve the target once, up front, when a parity test is selected, and make sure the report
+    directory can be written: a bad `--parity-target` or `--parity-report-dir` is one line before
+    any test runs, never one traceback per test or an INTERNALERROR at the first row."""
+    defer_errors(False)  # collection is over: a case file read by a test raises as ever
+    if REFUSED in session.config.stash:  # refused in pytest_collection_modifyitems: nothing is touched
+        return
+    if any(lanes.is_parity_test(item) for item in session.items):
+        try:
+            session_target(session.config)
+            probe_report_dir(session.config.stash[SESSION].run_dir.parent, "--parity-report-dir")
+        except (TargetError, RunDirError) as exc:
+            usage_error(session.config, str(exc), session.items)
+            return
+        _watch_signals(session.config)
+
+
+def _watch_signals(config: pytest.Config) -> None:
+    """In the process that records the run's end (not an xdist worker), once per session: the watch
+    `parity run` installed for its whole command, or one of the session's own."""
+    if not _is_worker(config) and SIGNALS not in config.stash:
+        outer = SignalWatch.active()
+        config.stash[SIGNALS] = outer or SignalWatch().install()
+        config.stash[OWN_SIGNALS] = outer is None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A parity session watches for SIGINT, SIGTERM and SIGHUP from the start (the xdist controller
+    collects nothing itself); an appended run goes back to `running`."""
+    config = session.config
+    if _is_worker(config) or SESSION not in config.stash:
+        return
+    _watch_signals(config)
+    plan = config.stash.get(RESUME, None)
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    if plan is not None and terminal is not None:  # said even under -q: the session runs only part of the tests
+        terminal.write_line(plan.line())
+    resumed = config.stash[SESSION].resume(config, plan)
+    if resumed is not None:
+        config.stash[RESUMED] = resumed
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Record the run's end in run.json (the controller, or the only process) and print the one
+    line of a worker's usage error. Rows the disk refused make the run incomplete and the exit
+    non-zero; an xdist worker hands its count to the controller."""
+    config = session.config
+    if SESSION not in config.stash:
+        return
+    writer = config.stash.get(WRITER, None)
+    if _is_worker(config):
+        if writer is not None and writer.unwritten:
+            config.workeroutput[WORKER_UNWRITTEN] = [writer.unwritten, writer.write_error, sorted(writer.unwritten_tests)]
+        return
+    watch = config.stash.get(SIGNALS, None)
+    try:
+        errors = config.stash.get(USAGE_ERRORS, [])
+        for message in errors:
+            print(f"ERROR: {message}", file=sys.stderr)
+        if errors:
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        if session.exitstatus == pytest.ExitCode.USAGE_ERROR and RESUMED in config.stash:
+            config.stash[SESSION].restore(config.stash[RESUMED])  # refused before any test: the run is as it was
+            return
+        unwritten = _unwritten(config)
+        if unwritten["count"] and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a row lost is never a clean exit
+        received = watch.received if watch is not None else None
+        stopped = str(session.shouldfail or session.shouldstop or "")
+        try:
+            _record_suite_seconds(config)
+            finish_run(
+                config.stash[SESSION].run_dir,
+                session.exitstatus,
+                signal_name=received,
+                stopped=stopped,
+                unwritten=unwritten["count"],
+                write_error=unwritten["error"],
+                unwritten_tests=unwritten["tests"],
+            )
+        except OSError as exc:  # the disk that refused rows may refuse run.json too: say so, in one line
+            print(f"parity: could not record the run's end in {RUN_INFO_FILE} ({exc}): it still says running", file=sys.stderr)
+    finally:
+        if watch is not None and config.stash.get(OWN_SIGNALS, True):
+            watch.restore()
+
+
+def _unwritten(config: pytest.Config) -> dict[str, Any]:
+    """Rows this process and its xdist workers could not write: count, first error, their tests."""
+    unwritten = dict(config.stash.get(UNWRITTEN, {"count": 0, "error": "", "tests": set()}))
+    writer = config.stash.get(WRITER, None)
+    if writer is not None and writer.unwritten:
+        unwritten["count"] += writer.unwritten
+        unwritten["error"] = unwritten["error"] or writer.write_error
+        unwritten["tests"] = set(unwritten["tests"]) | set(writer.unwritten_tests)
+    return unwritten
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    suite = lanes.suite_of(item)
+    if suite is not None and (SUITE_PROPERTY, suite) not in item.user_properties:
+        item.user_properties.append((SUITE_PROPERTY, suite))
+    if item.get_closest_marker(lanes.GPU) is not None:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("gpu test: no CUDA device on this machine (torch.cuda.is_available() is False)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[Any]:
+    """A malformed case file is one readable line (file, table, key), not a loader traceback."""
+    collected = yield
+    if collected.failed and collected.longrepr is not None:
+        marker = f"{CaseFileError.__name__}: "
+        lines = [line for line in str(collected.longrepr).splitlines() if marker in line]
+        if lines:
+            collected.longrepr = lines[-1].split(marker, 1)[1].strip()
+    return collected
+
+
+_PLUGIN_FILES = (__file__, report_fixture_module.__file__, contextlib.__file__)
+
+
+def _suite_traceback(item: pytest.Item, frame: types.FrameType | None) -> types.TracebackType | None:
+    """A traceback from the test function down to the suite code in `frame` (the check that is
+    recording a row), without the plugin's own frames; None when no frame of the suite is found.
+    Built while the frames still run, so each entry holds the line executing then."""
+    frames = []
+    test_code = getattr(getattr(item, "function", None), "__code__", None)
+    while frame is not None:
+        if frame.f_code.co_filename not in _PLUGIN_FILES:
+            frames.append(frame)
+        if frame.f_code is test_code:
+            break
+        frame = frame.f_back
+    else:  # recorded outside the test function (a fixture): the recording frame alone
+        frames = frames[:1]
+    tb = None
+    for frame in frames:  # innermost first: each entry's next is the one it called
+        tb = types.TracebackType(tb, frame, frame.f_lasti, frame.f_lineno)
+    return tb
+
+
+def _remember_where_rows_fail(item: pytest.Item, rep: SuiteReport) -> None:
+    """Note, for the test's first failing gate row, where the suite recorded it (and the exception
+    being handled then: a target's, caught by `report.guard`), so the failure pytest prints at the
+    end of the test points at the suite's check and the target's frame, not at this plugin."""
+    record = rep.record
+
+    def record_noting_where(**fields: Any) -> dict[str, Any]:
+        row = record(**fields)
+        if row["kind"] == "gate" and row["verdict"] in (FAIL, ERROR) and _FAILED_AT not in vars(rep):
+            vars(rep)[_FAILED_AT] = (_suite_traceback(item, sys._getframe(1)), sys.exc_info()[1])
+        return row
+
+    rep.record = record_noting_where  # type: ignore[method-assign] - this test's report only
+
+
+_FAILED_AT = "_parity_failed_at"  # SuiteReport attribute: (traceback, exception handled) of its first failing row
+
+
+def _forget_where_rows_fail(rep: SuiteReport | None) -> tuple[types.TracebackType | None, BaseException | None]:
+    """Put the report's own `record` back; the traceback and exception noted for its first failing
+    row (None, None when none failed)."""
+    if rep is None:
+        return None, None
+    vars(rep).pop("record", None)
+    return vars(rep).pop(_FAILED_AT, (None, None))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Every failure reaches the CSV: a raised check becomes an `error` row, a bare assert a `fail`
+    row, and a recorded failing row fails a test that would otherwise have passed. The failure shows
+    the suite's frames (the test function down to the check that recorded the first failing row)
+    and the target's when it raised; this wrapper's frame is hidden (`__tracebackhide__`)."""
+    __tracebackhide__ = True
+    rep = item.stash.get(REPORT, None)
+    if rep is not None:
+        _remember_where_rows_fail(item, rep)
+    try:
+        result = yield
+    except BaseException as exc:
+        _forget_where_rows_fail(rep)
+        # An interruption, a deliberate pytest.exit or a row the disk refused is no error of the check.
+        quiet = (pytest.skip.Exception, pytest.exit.Exception, KeyboardInterrupt, RowNotWritten)
+        if rep is not None and not rep.failures and not isinstance(exc, quiet):
+            is_assert = isinstance(exc, AssertionError)
+            message = f"{type(exc).__name__}: {exc}".strip()
+            rep.record(
+                metric="assertion" if is_assert else "exception",
+                value=None,
+                verdict=FAIL if is_assert else ERROR,
+                detail=message.replace("\n", " | ")[:2000],
+            )
+        raise
+    where, cause = _forget_where_rows_fail(rep)
+    if rep is not None and rep.failures:
+        raise AssertionError(rep.failure_text()).with_traceback(where) from cause
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[Any]:
+    """A suite test whose setup failed (a model that would not load, a fixture that raised) still
+    leaves an `error` row, so a run's CSV accounts for every test of a suite."""
+    outcome = yield
+    suite = lanes.suite_of(item)
+    if call.excinfo is not None and isinstance(call.excinfo.value, RowNotWritten):
+        outcome.longrepr = str(call.excinfo.value)  # one line: the file, the row and the disk's error
+        return outcome
+    with contextlib.suppress(RowNotWritten):  # counted by the writer: the session says so at its end
+        if outcome.skipped and suite and outcome.when in ("setup", "call"):
+            _write_skip_row(item, suite, outcome)
+        if outcome.when == "setup" and outcome.failed and suite and call.excinfo is not None:
+            exc = call.excinfo.value
+            message = f"setup failed: {type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
+            item.config.stash[WRITER].write(
+                {
+                    "suite": suite,
+                    "case": default_case(item),
+                    "metric": "exception",
+                    "value": None,
+                    "verdict": ERROR,
+                    "detail": message,
+                    "test": item.nodeid,
+                }
+            )
+    return outcome
+
+
+def skip_reason(test_report: pytest.TestReport) -> str:
+    """pytest's reason of a skipped test report (`longrepr` is (path, line, "Skipped: reason"))."""
+    longrepr = test_report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr or "")
+    return text.removeprefix("Skipped: ").strip() or "skipped (no reason given)"
+
+
+def _write_skip_row(item: pytest.Item, suite: str, test_report: pytest.TestReport) -> None:
+    """One `skip` row per skipped suite test, with pytest's reason, so results.csv accounts for every
+    collected test and the review page can say why a check did not run."""
+    if getattr(test_report, "wasxfail", None) is not None:
+        return
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    mode = params.get("mode") if isinstance(params.get("mode"), str) else None
+    item.config.stash[WRITER].write(
+        {
+            "suite": suite,
+            "case": default_case(item),
+            "mode": mode,
+            "metric": "skipped",
+            "value": None,
+            "verdict": SKIP,
+            "detail": skip_reason(test_report).replace("\n", " | ")[:2000],
+            "kind": "info",  # decided nothing: readers of gate rows see only judged checks
+            "better": "",
+            "test": item.nodeid,
+        }
+    )
+
+
+class _SuiteClock:
+    """Seconds per report suite: setup, call and teardown of its tests, summed. Registered on the
+    controller, where every xdist worker's reports arrive (the suite travels as a user property);
+    serially the sum is the suite's wall time, under xdist its test time across workers."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.seconds = config.stash[SUITE_SECONDS] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        suite = dict(report.user_properties).get(SUITE_PROPERTY)
+        if suite is not None:
+            self.seconds[suite] = self.seconds.get(suite, 0.0) + float(report.duration)
+
+
+def _record_suite_seconds(config: pytest.Config) -> None:
+    """Write the seconds per suite into run.json (the controller; the run directory must exist)."""
+    seconds = config.stash.get(SUITE_SECONDS, None)
+    run = config.stash.get(SESSION, None)
+    if not seconds or run is None or not (run.run_dir / RUN_INFO_FILE).exists():
+        return
+    add_suite_seconds(run.run_dir, seconds)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _is_worker(config) or config.getoption("parity_no_summary"):
+        return
+    session = config.stash.get(SESSION, None)
+    if session is None or not (session.run_dir / RESULTS_FILE).exists():
+        return
+    frame = read_results(session.run_dir)
+    terminalreporter.section("parity report")
+    terminalreporter.write_line(format_summary(summarize(frame, config.stash.get(SUITE_SECONDS, None)), frame))
+    terminalreporter.write_line(f"{len(frame)} rows in {session.run_dir / RESULTS_FILE}")
+    unwritten = _unwritten(config)
+    if unwritten["count"]:
+        terminalreporter.write_line(
+            f"parity: the run is incomplete: {unwritten_text(unwritten['count'], unwritten['error'])}; "
+            "the summary above leaves them out"
+        )
