@@ -13,7 +13,6 @@ first and stops with one line when the target does not conform).
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -51,7 +50,6 @@ from parity.report import (
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 DEFAULT_REPORT_DIR = Path("reports") / "runs"  # relative to the directory parity runs in
-CHECKPOINT_MAKER = "reference_models.checkpoints:make_checkpoint"
 PYTEST_INTERRUPTED, PYTEST_USAGE_ERROR, PYTEST_NO_TESTS = 2, 4, 5
 TARGET_UNRESOLVED = 3  # `parity check-target`: the spec names no loadable factory (1: it loads and breaks the contract)
 
@@ -628,12 +626,12 @@ def _weight_files(directory: Path) -> set[str]:
 def cmd_make_checkpoint(args: argparse.Namespace) -> int:
     """Write the checkpoint; a directory that held one gets exactly the new weight files (the old
     ones the new checkpoint does not overwrite are removed, and said)."""
-    module_name, _, attr = CHECKPOINT_MAKER.partition(":")
-    make_checkpoint = getattr(importlib.import_module(module_name), attr)
+    from parity.tools import make_checkpoint
+
     options = {} if args.max_shard_bytes is None else {"max_shard_bytes": args.max_shard_bytes}
     before = _weight_files(args.out_dir)
     try:
-        path = make_checkpoint(args.kind, args.size, args.seed, args.out_dir, layout=args.layout, **options)
+        path = make_checkpoint.write_checkpoint(args.kind, args.size, args.seed, args.out_dir, layout=args.layout, **options)
     except (ValueError, OSError) as exc:
         print(f"parity make-checkpoint: {exc}", file=sys.stderr)
         return 1
@@ -645,7 +643,7 @@ def cmd_make_checkpoint(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect_checkpoint(args: argparse.Namespace) -> int:
-    from parity.checkpoint_inspect import inspect_checkpoint
+    from parity.tools.inspect_checkpoint import inspect_checkpoint
 
     try:
         result = inspect_checkpoint(args.directory, args.target, args.device)

@@ -92,8 +92,10 @@ def load_target(spec: str) -> Any:
 @dataclass(frozen=True)
 class Family:
     """A model family a target may provide: the members that provide it, what a report calls it,
-    the suites that need it and its conformance probe ("module:function", named by string so the
-    core imports no model; docs/targets.md §2)."""
+    the suites that need it and its conformance probe ("module:function" of its suites' package:
+    the core imports no suite; docs/targets.md §2). Every registry of families reads this record:
+    check-target and the run's plan, the suites' ordering (`fixture`), the mutant catalogue's
+    groups (`title`), and, keyed by `key`, the model side's release layouts and checkpoint writers."""
 
     key: str  # the directory of its suites under parity/suites/
     name: str  # short: the check-target lines
@@ -102,7 +104,8 @@ class Family:
     suites: tuple[str, ...]
     probe: str
     loader: str = ""  # the member that loads it from a checkpoint directory (inspect-checkpoint calls it on both sides)
-    layout: str = ""  # "module:attr" of the model side's ReleaseLayout (reference_models.families.LAYOUTS[key])
+    fixture: str = ""  # the suites' fixture that builds its models (its tests run together, in this order)
+    title: str = ""  # its heading in the mutant catalogue (docs/mutants.md)
 
 
 FAMILIES: dict[str, Family] = {
@@ -116,7 +119,8 @@ FAMILIES: dict[str, Family] = {
             ("expert_selection", "fail_closed_capture", "embedding_clamp", "numerics", "decode", "weight_coverage", "recompiles"),
             "parity.suites.ar.conformance:probe",
             loader="load_ar",
-            layout="reference_models.ar.release:LAYOUT",
+            fixture="ar_models",
+            title="AR backbone",
         ),
         Family(
             "dit",
@@ -126,9 +130,18 @@ FAMILIES: dict[str, Family] = {
             ("recompiles", "numerics", "image", "sampler"),
             "parity.suites.dit.conformance:probe",
             loader="load_dit",
-            layout="reference_models.dit.release:LAYOUT",
+            fixture="dit_models",
+            title="DiT (model, sampler, decoder)",
         ),
-        Family("routing", "routing", "router", ("router",), ("routing",), "parity.suites.routing.conformance:probe"),
+        Family(
+            "routing",
+            "routing",
+            "router",
+            ("router",),
+            ("routing",),
+            "parity.suites.routing.conformance:probe",
+            title="MoE routing",
+        ),
     )
 }
 

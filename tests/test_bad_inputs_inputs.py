@@ -389,8 +389,8 @@ def _row(row_id: str) -> Bad:
         ("case-file-misspelt-in-cases-dir", _old_add_case_dirs),
         ("ar-release-eps-negative-reference", _accept_any_value),
         ("ar-release-eps-negative-serving", lambda patch: patch.setattr("serving_models.ar.config.bad_value", lambda *a: None)),
-        ("inspect-all-nan-tensor", lambda patch: patch.setattr("parity.checkpoint_inspect.tensor_problems", lambda *a: [])),
-        ("inspect-float8-tensor", lambda patch: patch.setattr("parity.checkpoint_inspect.tensor_problems", lambda *a: [])),
+        ("inspect-all-nan-tensor", lambda patch: patch.setattr("parity.tools.inspect_checkpoint.tensor_problems", lambda *a: [])),
+        ("inspect-float8-tensor", lambda patch: patch.setattr("parity.tools.inspect_checkpoint.tensor_problems", lambda *a: [])),
         (
             "review-force-without-write-baseline",
             lambda patch: patch.setattr("parity.cli._review_options_problem", lambda args: None),
@@ -404,7 +404,7 @@ def test_the_checks_are_what_catch_these(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     if row_id == "make-checkpoint-dir-empty":  # without the check the checkpoint goes into the working directory
-        monkeypatch.setattr("parity.cli.CHECKPOINT_MAKER", "tests.test_bad_inputs_inputs:_no_checkpoint")
+        monkeypatch.setattr("parity.tools.make_checkpoint.write_checkpoint", _no_checkpoint)
     row = _row(row_id)
     switch_off(monkeypatch)
     outcome = row.run(tmp_path)

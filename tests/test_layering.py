@@ -3,7 +3,11 @@
 Read from the source with `ast` (every `import` and `from ... import`, including those inside
 functions), so a lazy import cannot slip past. The rules:
 
-- the harness core (`parity` outside `parity.suites`) imports no model package;
+- the harness core (`parity` outside `parity.suites` and `parity.tools`) imports no model package,
+  and names none in an import string except the built-in targets' specs (`parity.target.BUILTIN_TARGETS`);
+- the model tools (`parity.tools`: make and inspect checkpoints) import `reference_models` only,
+  and only the command line imports them;
+- every family registry on the model side is keyed like `parity.target.FAMILIES`;
 - inside the core, `compare` and `observe` use nothing else of parity, `runners` only `observe`,
   `report` only `compare` (and `parity.env`);
 - `serving_models` imports neither `reference_models` nor `parity` (a real engine would not), and
@@ -76,12 +80,50 @@ def _violations(rule) -> list[str]:
     ]
 
 
+def _core(module: str) -> bool:
+    return _inside(module, "parity") and not _inside(module, "parity.suites") and not _inside(module, "parity.tools")
+
+
+def _is_model(name: str) -> bool:
+    return _inside(name, "reference_models") or _inside(name, "serving_models")
+
+
 def test_the_harness_core_imports_no_model() -> None:
+    assert _violations(lambda module, imported: _core(module) and _is_model(imported)) == []
+
+
+def model_strings(module: str) -> Iterator[str]:
+    """Every string constant of `module` that names a model module ("pkg.mod" or "pkg.mod:attr")."""
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _is_model(node.value.split(":")[0]):
+            yield node.value
+
+
+def test_the_harness_core_names_no_model_in_an_import_string() -> None:
+    """An import string is an import the first rule cannot see; the built-in targets' specs are the
+    one kind allowed (they name a target as `--target` does)."""
+    from parity.target import BUILTIN_TARGETS
+
+    found = [f"{m} names {text!r}" for m in sorted(MODULES) if _core(m) for text in model_strings(m)]
+    assert [line for line in found if line.split(" names ")[1].strip("'") not in BUILTIN_TARGETS.values()] == []
+
+
+def test_the_model_tools_import_only_the_reference_and_only_the_command_line_imports_them() -> None:
     def rule(module: str, imported: str) -> bool:
-        core = _inside(module, "parity") and not _inside(module, "parity.suites")
-        return core and (_inside(imported, "reference_models") or _inside(imported, "serving_models"))
+        if _inside(module, "parity.tools"):
+            return _inside(imported, "serving_models")
+        return _inside(imported, "parity.tools") and module != "parity.cli" and not _inside(module, "parity.tools")
 
     assert _violations(rule) == []
+
+
+def test_every_model_side_family_registry_is_keyed_like_the_families() -> None:
+    from parity.target import FAMILIES
+    from reference_models.checkpoints import RELEASE_WRITERS
+    from reference_models.families import LAYOUTS
+
+    with_checkpoints = {key for key, family in FAMILIES.items() if family.loader}
+    assert set(LAYOUTS) == with_checkpoints and set(RELEASE_WRITERS) == with_checkpoints
 
 
 CORE_ALLOWED = {
@@ -150,3 +192,21 @@ def test_the_rules_see_a_lazy_model_import_in_the_core(tmp_path: Path, monkeypat
     monkeypatch.setitem(MODULES, "parity.sneaky", fake)
     with pytest.raises(AssertionError, match="parity.sneaky imports serving_models.ar.model"):
         test_the_harness_core_imports_no_model()
+
+
+def test_the_rules_see_a_model_import_string_in_the_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The string scanner: `importlib.import_module("reference_models...")` in a core module is found,
+    as the checkpoint inspector's strings were before it moved to the tools layer."""
+    fake = tmp_path / "stringly.py"
+    fake.write_text('import importlib\nLAYOUTS = "reference_models.families"\n')
+    monkeypatch.setitem(MODULES, "parity.stringly", fake)
+    with pytest.raises(AssertionError, match="parity.stringly names 'reference_models.families'"):
+        test_the_harness_core_names_no_model_in_an_import_string()
+
+
+def test_the_rules_see_a_core_module_import_the_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "reach.py"
+    fake.write_text("def f():\n    from parity.tools import inspect_checkpoint\n")
+    monkeypatch.setitem(MODULES, "parity.reach", fake)
+    with pytest.raises(AssertionError, match="parity.reach imports parity.tools.inspect_checkpoint"):
+        test_the_model_tools_import_only_the_reference_and_only_the_command_line_imports_them()

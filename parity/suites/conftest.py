@@ -34,7 +34,7 @@ from parity.report import NOT_PROVIDED
 from parity.runners import modes_for
 from parity.suites.ar.support import ARModels, build_ar_models
 from parity.suites.dit.support import DiTModels, build_dit_models, require_dit
-from parity.target import TargetError, family_gap, not_selected, suite_plan
+from parity.target import FAMILIES, TargetError, family_gap, not_selected, suite_plan
 
 SUITES_DIR = Path(__file__).resolve().parent
 
@@ -142,7 +142,7 @@ class ResidentModels:
 
 
 RESIDENT = ResidentModels()
-FAMILY_ORDER = ("ar_models", "dit_models")
+FAMILY_ORDER = tuple(family.fixture for family in FAMILIES.values() if family.fixture)
 
 
 def _order_by_family(items: list[pytest.Item]) -> None:

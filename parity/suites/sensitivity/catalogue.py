@@ -22,6 +22,8 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from parity.target import FAMILIES
+
 LANES = ("cpu", "cuda")
 
 
@@ -161,22 +163,17 @@ def factory_lookup(module: str) -> Callable[[str], Callable[[], Any]]:
     return __getattr__
 
 
-# Families in the order docs/mutants.md lists them: module family -> title.
+# The catalogue's groups in the order docs/mutants.md lists them (suites package -> title): the
+# model families (parity.target.FAMILIES), then the harness's own parts.
 FAMILY_TITLES = {
-    "ar": "AR backbone",
-    "dit": "DiT (model, sampler, decoder)",
-    "routing": "MoE routing",
+    **{key: family.title for key, family in FAMILIES.items()},
     "runners": "runners and capture",
     "selfcheck": "report and review",
 }
 RUNNERS = FAMILY_TITLES["runners"]
 
-FAMILY_MODULES = (
-    "parity.suites.ar.mutants",
-    "parity.suites.dit.mutants",
-    "parity.suites.routing.mutants",
-    "parity.suites.selfcheck.mutants",
-)
+# Each model family's mutants live in its suites package, the report's in selfcheck's.
+FAMILY_MODULES = (*(f"parity.suites.{key}.mutants" for key in FAMILIES), "parity.suites.selfcheck.mutants")
 
 
 def all_mutants() -> dict[str, Mutant]:

@@ -1,7 +1,7 @@
 """`parity inspect-checkpoint DIR`: what a checkpoint directory holds and whether both sides load it.
 
-Per model family registered for the release layout (`reference_models.release.FAMILIES`, named by
-string so the core imports no model): the recognised config (each field with the key it came
+Per model family with a release layout (`reference_models.families.LAYOUTS`, keyed like
+`parity.target.FAMILIES`): the recognised config (each field with the key it came
 from, or the upstream default it fell back to), the keys the family keeps but ignores (with why),
 and per implementation (the reference and the target) the tensor mapping: matched (read by the
 implementation and present), unused (the family's tensors present but never read), missing (read
@@ -15,13 +15,9 @@ implementation cannot load the directory.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from pathlib import Path
 from typing import Any
 
-RELEASE = "reference_models.release"  # the layout helpers (read_config_json, describe_value, ...)
-LAYOUTS = "reference_models.families"  # LAYOUTS: each family's ReleaseLayout, keyed like parity.target.FAMILIES
-HF_CHECKPOINT = "reference_models.common.hf_checkpoint"
 METADATA_KEYS = ("model_type", "architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path")
 LIST_LIMIT = 8
 
@@ -98,10 +94,10 @@ def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", devi
     import torch
 
     from parity.target import FAMILIES, TargetError, resolve_target
+    from reference_models import release
+    from reference_models.common import hf_checkpoint as hf
+    from reference_models.families import LAYOUTS as layouts
 
-    release = importlib.import_module(RELEASE)
-    hf = importlib.import_module(HF_CHECKPOINT)
-    layouts = importlib.import_module(LAYOUTS).LAYOUTS
     reference = resolve_target("reference")
     directory = Path(directory)
     ok = True
