@@ -2,7 +2,7 @@
 each: the docs/targets.md section that states it and the exact words the check uses.
 
 A check that enforces one of these builds its message (or the literal it looks for) from the
-record, so the check and the contract quote the same words; `tests/test_contract_doc.py` holds
+record, so the check and the contract quote the same words; `tests/harness/test_contract_doc.py` holds
 docs/targets.md to every record (the words, backticked, and the rule, verbatim, in the section)
 and holds every member the suites and probes read off a target to the page.
 """

@@ -4,7 +4,7 @@
 registered for `kind` in `MAKERS` ("ar" here, "dit" from `dit_checkpoint`; other model families add their
 own entry), or with `layout="release"` the released composite's layout through `RELEASE_WRITERS`
 (`write_release_checkpoint`; each family's `release.py` says how its part is named). The kinds are
-the family keys of `parity.target.FAMILIES` (tests/test_layering.py checks both registries). `random_state_dict(config, seed, device, dtype)` is the in-memory path for full-size
+the family keys of `parity.target.FAMILIES` (tests/repo/test_layering.py checks both registries). `random_state_dict(config, seed, device, dtype)` is the in-memory path for full-size
 GPU configurations that should never touch disk.
 
 Init (docs/model.md §9): seeded normal(0, 0.02) for matrices, embeddings and biases, and

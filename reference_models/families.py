@@ -2,7 +2,7 @@
 
 The keys are those of `parity.target.FAMILIES` (the one definition of a model family: its name,
 target members, suites, probe, and the model-side hooks by import string, e.g.
-`layout="reference_models.ar.release:LAYOUT"`); `tests/test_layering.py` checks that every
+`layout="reference_models.ar.release:LAYOUT"`); `tests/repo/test_layering.py` checks that every
 registry here uses those keys and the objects those strings name. `reference_models` imports no
 `parity`, so the family side registers against the key instead of importing the record.
 

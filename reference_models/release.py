@@ -15,7 +15,7 @@ submodule that owns them. Where each part lives:
 * writing a release-layout directory (`write_release_checkpoint`, `make-checkpoint --layout
   release`): `reference_models/checkpoints.py`.
 
-Nothing in `reference_models` imports this module (tests/test_layering.py checks that no import,
+Nothing in `reference_models` imports this module (tests/repo/test_layering.py checks that no import,
 at module level or inside a function, closes a cycle).
 """
 

@@ -1,6 +1,6 @@
 """Tests of the harness itself belong to the CPU lane whatever --device says (unless marked gpu).
 
-The session's shared runs (`tests/shared_run.py`): the tests that read a run of the suites ask for
+The session's shared runs (`tests/support/shared_run.py`): the tests that read a run of the suites ask for
 it through a fixture below; each run those tests need starts in the background before the first
 test (one xdist worker makes it, the others wait for it), and the tests that read them run last.
 """
@@ -15,8 +15,8 @@ from parity.plugin.short_names import device, report, run_dir, settings, target 
 
 # Fixtures shared by several test modules, registered here once (a fixture imported into each
 # module would be a separate fixture per module).
-from tests.ar_support import reference, serving, tiny_dir  # noqa: F401
-from tests.shared_run import EXAMPLE, LANE, MINIMAL, REFERENCE, SUITES_BUT_SENSITIVITY, SharedRun, SharedRuns, shared_root
+from tests.support.ar_support import reference, serving, tiny_dir  # noqa: F401
+from tests.support.shared_run import EXAMPLE, LANE, MINIMAL, REFERENCE, SUITES_BUT_SENSITIVITY, SharedRun, SharedRuns, shared_root
 
 pytest_plugins = ["pytester"]  # in-process pytest sessions for the plugin's own tests
 
@@ -41,6 +41,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         in_tests = _HERE in Path(str(item.path)).resolve().parents
         if in_tests and item.get_closest_marker(lanes.GPU) is None and item.get_closest_marker(lanes.CPU) is None:
             item.add_marker(lanes.CPU)
+        if _reads_a_shared_run(item):
+            item.add_marker("shared_run")  # the fast loop leaves these out: `-m "... and not shared_run"`
     items.sort(key=_reads_a_shared_run)  # the readers last: the runs they read go on meanwhile
 
 

@@ -47,7 +47,7 @@ EventKind = Literal["compile", "recompile", "limit_hit", "failed", "skipped"]
 
 
 # torch (major, minor) versions the wrapped private functions were tested on: 2.11 with CUDA 13.0
-# (the GPU lane, H200) and 2.13 CPU (the CPU lane). tests/test_compile_watch_ledger.py fails on any
+# (the GPU lane, H200) and 2.13 CPU (the CPU lane). tests/runners/test_compile_watch_ledger.py fails on any
 # other version until the ledger's tests have been run there and the version added here.
 TESTED_TORCH_VERSIONS = ((2, 11), (2, 13))
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import shlex
 import sys
 import traceback
 import types
@@ -75,11 +77,27 @@ WORKER_RESUME_DONE = "parity_resume_done"  # workerinput: node ids an appended r
 WORKER_UNWRITTEN = "parity_unwritten"  # workeroutput: [count, first error, tests] of rows the disk refused
 
 
+ADDOPTS = "PYTEST_ADDOPTS"
+
+
+def _workers_use_this_configuration(config: pytest.Config) -> None:
+    """A worker decides its rootdir and ini file before any plugin's options are known, from the
+    controller's command line: the value of `--parity-report-dir DIR` (spelt with a space) then reads
+    as a test path, and once the controller has made DIR the worker roots itself there and loses
+    the project's ini (`parity_scope`, markers, testpaths): measured, `-n 2 -m cpu` selected no test.
+    Workers read PYTEST_ADDOPTS first and inherit this process's environment, so it carries the
+    controller's rootdir and ini file to them."""
+    extra = [f"--rootdir={config.rootpath}"] + ([f"--config-file={config.inipath}"] if config.inipath else [])
+    os.environ[ADDOPTS] = " ".join(filter(None, [os.environ.get(ADDOPTS, ""), *map(shlex.quote, extra)]))
+
+
 class _XdistHooks:
     """Registered only when pytest-xdist is active: hands the run directory to every worker."""
 
     def __init__(self, config: pytest.Config):
         self.config = config
+        if config.getoption("numprocesses", None):
+            _workers_use_this_configuration(config)
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[WORKER_RUN_DIR] = str(self.config.stash[SESSION].run_dir)
@@ -193,7 +211,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Give unmarked parity tests the lane of --parity-device, apply --parity-suite, and set the
     CPU lane's thread count when parity tests run in this process."""
     session = config.stash[SESSION]
-    lanes.mark_lanes(items, session.device)
+    lanes.mark_lanes(items, session.device, short=lanes.short_lanes(config))
     wanted = set(session.suites)
     known = {lanes.suite_of(item) for item in items} - {None}
     unknown = sorted(wanted - known)

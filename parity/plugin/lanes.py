@@ -42,9 +42,21 @@ SCOPES = ("suites", "all")
 IGNORED_WARNINGS = ("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning",)
 
 
+# A repository that calls its lanes cpu / gpu / slow (this one) asks for these with the ini option
+# `parity_short_lane_markers`: each parity lane marker also puts its short name on the test.
+SHORT_LANES = {CPU: "cpu", GPU: "gpu", SLOW: "slow"}
+
+
+def short_lanes(config: pytest.Config) -> bool:
+    return bool(config.getini("parity_short_lane_markers"))
+
+
 def register_markers(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    if short_lanes(config):
+        for lane, short in SHORT_LANES.items():
+            config.addinivalue_line("markers", f"{short}: the short name of {lane} (parity_short_lane_markers)")
 
 
 def ignore_torch_warnings(config: pytest.Config) -> None:
@@ -78,12 +90,18 @@ def is_parity_test(item: pytest.Item) -> bool:
     return suite_of(item) is not None or scope(item.config) == "all"
 
 
-def mark_lanes(items: list[pytest.Item], device: str) -> None:
-    """Give unmarked parity tests the lane of `device`."""
+def mark_lanes(items: list[pytest.Item], device: str, *, short: bool = False) -> None:
+    """Give unmarked parity tests the lane of `device`; with `short`, every lane marker of a parity
+    test its short name too (before pytest's `-m` selects: its hook runs after the plugin's)."""
     lane = LANES[device]
     for item in items:
-        if is_parity_test(item) and item.get_closest_marker(GPU) is None and item.get_closest_marker(CPU) is None:
+        if not is_parity_test(item):
+            continue
+        if item.get_closest_marker(GPU) is None and item.get_closest_marker(CPU) is None:
             item.add_marker(lane)
+        for marker, name in SHORT_LANES.items() if short else ():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(name)
 
 
 def cpu_threads() -> int:

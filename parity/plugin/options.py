@@ -212,6 +212,13 @@ def add_pytest_options(parser: Any) -> None:
         "set either way, it makes every session of the project a parity one",
         default=None,  # unset: a session is a parity one only by its options (parity.plugin.lanes)
     )
+    parser.addini(
+        "parity_short_lane_markers",
+        "also give every test of a parity lane the short marker (cpu, gpu, slow), for a repository whose "
+        "own lanes are called so (`pytest -m cpu`); the plugin then registers those three",
+        type="bool",
+        default=False,
+    )
 
 
 def pytest_args(values: Mapping[str, Any]) -> list[str]:

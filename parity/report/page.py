@@ -96,7 +96,7 @@ mark { background: #f8c4c4; font-weight: 600; }
 """
 
 # Marks the page with how many of its images loaded, and flags any that did not (a moved file),
-# both for the reader and for the headless-browser test (tests/test_review_browser.py).
+# both for the reader and for the headless-browser test (tests/report/test_review_browser.py).
 SCRIPT = """
 window.addEventListener("load", function () {
   var images = Array.prototype.slice.call(document.images);

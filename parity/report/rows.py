@@ -254,7 +254,7 @@ class ReportWriter:
         if not full:
             return full
         # The csv module, not a DataFrame: the same text pandas' to_csv writes for these cells
-        # (tests/test_report.py checks it) at about 1/100 of the cost per row, which a run of
+        # (tests/report/test_report.py checks it) at about 1/100 of the cost per row, which a run of
         # thousands of rows written one at a time pays for every row.
         text = io.StringIO()
         writer = csv.writer(text, lineterminator="\n")
@@ -479,7 +479,7 @@ class MutationScore:
 def _loaded_catalogue_size() -> int | None:
     """The size of the mutant catalogue when this process has loaded it (`parity run` has: its
     pytest collected the sensitivity suite), else None. Looked up, never imported: the report layer
-    does not import the suites (tests/test_layering.py)."""
+    does not import the suites (tests/repo/test_layering.py)."""
     catalogue = sys.modules.get("parity.suites.sensitivity.catalogue")
     if catalogue is None:
         return None

@@ -8,7 +8,7 @@ mode, and reports back whether the capture failed and with which message.
 
 A factory is a zero-argument callable named "package.module:function" that returns a
 `CaptureCase`. The child runs with the caller's working directory and `sys.path` entries on its
-`PYTHONPATH`, so a factory in a test module (`tests.test_runners_gpu:host_sync_case`) imports.
+`PYTHONPATH`, so a factory in a test module (`tests.runners.test_runners_gpu:host_sync_case`) imports.
 """
 
 from __future__ import annotations

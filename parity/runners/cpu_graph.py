@@ -3,7 +3,7 @@
 It records one call on dummy inputs (all-zero token ids by default, the way a serving engine
 captures its dummy batch) with `make_fx` in real mode, and replays the recorded ATen graph on new
 inputs of the same shapes through runner-owned static buffers. What that reproduces of a CUDA graph
-(each point pinned in `tests/test_runners_cpu_graph_pins.py`, so a torch upgrade that changes one
+(each point pinned in `tests/runners/test_runners_cpu_graph_pins.py`, so a torch upgrade that changes one
 turns red):
 
 - Python control flow and attribute state are baked: whatever branch the Python code took on the

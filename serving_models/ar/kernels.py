@@ -15,7 +15,7 @@ Same rounding as the torch ops: every intermediate the torch version rounds to t
 rounded here at the same point (a product of two bf16 values is exact in fp32, so the rounded RoPE
 is bit for bit torch's); only the reductions (RMSNorm's mean of squares) and the transcendental
 functions (rsqrt, exp) may differ in the last fp32 bit, which at most flips one rounding of the
-output. tests/test_ar_kernels.py checks both against the torch ops.
+output. tests/models/test_ar_kernels.py checks both against the torch ops.
 
 The kernels run where Triton is installed, the tensors are on CUDA in bf16, fp16 or fp32, and no
 torch.compile trace is running (Inductor fuses the torch ops itself, and the compiled graphs stay

@@ -425,7 +425,7 @@ def _rope_theta_default() -> None:
 # ---------------------------------------------------------------------------------------------
 
 # The longest decode-case prompt (cases/ar.toml) has 8 tokens: position 17 is decoded at step 10
-# for it and later for the shorter ones, so steps 0-9 of every case are exact (tests/decode_targets.py).
+# for it and later for the shorter ones, so steps 0-9 of every case are exact (tests/support/decode_targets.py).
 LATE_BAD_POSITION = 17
 
 

@@ -4,7 +4,7 @@ Each factory takes no argument and returns the built-in serving target with ONE 
 applied to every DiT it loads or builds (an instance attribute, a bound method, or a class swap
 of existing submodules to a subclass); the shipped code in `serving_models/` is never edited.
 Each stands for a defect of vllm-project/vllm-omni#7455 or a port error the DiT suites must catch,
-and names the suite and test that kill it (shown in `tests/test_suites_dit.py`).
+and names the suite and test that kill it (shown in `tests/suites/test_suites_dit.py`).
 
 - `repeated_blocks_emptied`: `_repeated_blocks = []`, regional compile compiles nothing and runs
   eager. Killed by recompiles (regional row, warm-up counts) and by the compiled tests of numerics

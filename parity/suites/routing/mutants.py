@@ -4,7 +4,7 @@ Each factory takes no argument, applies one run-time change to `serving_models.r
 monkeypatching one of its named behaviours, and returns the serving target: run the suite with
 `--target parity.suites.routing.mutants:<factory>`. The patch lives in the process that calls the factory
 (the pytest process, and each spawned rank of the rank- cases, which loads the target again from
-the same spec); shipped code is never edited. `tests/test_suites_routing.py` shows each one turns
+the same spec); shipped code is never edited. `tests/suites/test_suites_routing.py` shows each one turns
 the suite red and the unpatched target keeps it green.
 """
 

@@ -3,7 +3,7 @@
 Every check takes the target's router adapter (`target.router()`: see
 `serving_models/routing/adapter.py` for the contract) and returns `Check`s (verdicts placed at a case and site); the suite modules only
 write them through the `report` fixture. Keeping the checks here, as plain functions of a router,
-lets `tests/test_suites_routing.py` hand them broken routers in-process and show each one goes red.
+lets `tests/suites/test_suites_routing.py` hand them broken routers in-process and show each one goes red.
 
 The truth is `reference_models.routing.router` (a plain per-row loop; `golden=True` gives fp64 weights
 for the same experts, `routing_margins` the k-th vs (k+1)-th key margins for the near-tie audit).
@@ -122,7 +122,7 @@ class Check:
 
     Every gate is a `Verdict` from the rules of parity.compare, so the row's value, threshold,
     bound and direction (`better`) are the verdict's own, as in every other suite. The checks
-    return these rather than write them so that tests/test_suites_routing.py can hand them broken
+    return these rather than write them so that tests/suites/test_suites_routing.py can hand them broken
     routers in-process; `write_rows` writes them through the `report` fixture."""
 
     case: str

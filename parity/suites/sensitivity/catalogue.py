@@ -195,7 +195,7 @@ def patch(module_name: str, attribute: str, replacement: Any) -> None:
 MARKDOWN_HEADER = """# The mutant catalogue
 
 <!-- Generated from the catalogue by `python -m parity.suites.sensitivity.catalogue --markdown > docs/mutants.md`;
-tests/test_mutants_doc.py fails when this file is stale. Edit the entries in parity/suites/<family>/mutants.py. -->
+tests/repo/test_mutants_doc.py fails when this file is stale. Edit the entries in parity/suites/<family>/mutants.py. -->
 
 Known-bad variants of the built-in target, each one small run-time change standing for a defect a
 port (or a parity harness) shipped. The sensitivity suite (`parity/suites/sensitivity/test_sensitivity.py`)

@@ -1,0 +1,82 @@
+"""The example engine target (examples/engine_target) against the AR suites, as CI runs it.
+
+The example is written the way an engine writes its model (its own forward signature, fused-residual
+layers, its own weight loader, the blend in every mode) with an adapter in front; it is the worked
+example of docs/targets.md. Green on every AR suite, engine policies it does not follow recorded as
+`not_applicable` with its reasons, and a planted routing bug in it caught.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from parity.report import read_results
+from tests.support import shared_run
+from tests.support.helpers import PROJECT_ROOT, run_pytest
+from tests.support.shared_run import SharedRun
+
+pytestmark = [pytest.mark.parity_cpu, pytest.mark.parity_slow]
+
+EXAMPLE = shared_run.EXAMPLE.target
+AR_SUITES = "parity/suites/ar"
+
+
+def _run(tmp: Path, target: str, *selection: str) -> tuple[int, str, pd.DataFrame]:
+    args = [*selection, "-m", "cpu", "-q", "--parity-target", target, "--parity-report-dir", str(tmp), "--parity-run-id", "r"]
+    result = run_pytest(args, cwd=PROJECT_ROOT, timeout=900)
+    return result.returncode, result.stdout + result.stderr, read_results(tmp / "r")
+
+
+def test_the_example_engine_passes_every_ar_suite(example_run: SharedRun) -> None:
+    """The example's run of every AR suite (`parity run --target <example>`), made once per session
+    (tests/support/shared_run.py)."""
+    code, output, frame = example_run.returncode, example_run.stdout, example_run.rows
+    assert code == 0, output[-4000:]
+    gates = frame[frame["kind"] == "gate"]
+    assert set(gates["suite"]) == {
+        "expert_selection",
+        "fail_closed_capture",
+        "embedding_clamp",
+        "numerics",
+        "decode",
+        "weight_coverage",
+        "recompiles",  # the compiled forward over a lattice of batch sizes and lengths
+    }
+    assert not gates["verdict"].isin(["fail", "error"]).any()
+    assert set(frame["target"]) == {EXAMPLE}
+    # The fused-residual layers were observed in the graph modes too, layer by layer.
+    routed = gates[(gates["suite"] == "expert_selection") & (gates["metric"] == "mismatched_tokens")]
+    assert {"eager", "cpu_graph", "compiled"} <= set(routed["mode"]) and (routed["verdict"] == "pass").all()
+
+
+def test_declared_engine_policies_are_not_applicable_rows_with_the_reason(example_run: SharedRun) -> None:
+    from examples.engine_target.parity_target import EngineTarget
+
+    frame = example_run.rows
+    na = frame[frame["verdict"] == "not_applicable"]
+    for policy, reason in EngineTarget.not_applicable.items():
+        rows = na[na["detail"].str.contains(f"engine policy '{policy}'", regex=False)]
+        assert not rows.empty, policy
+        assert rows["detail"].str.endswith(reason).all()
+    # The checks behind the policies still judge what is not policy: the refusal itself, the graph
+    # holding both experts, the multimodal entry's behaviour.
+    judged = frame[(frame["kind"] == "gate") & (frame["verdict"] == "pass")]
+    assert {"capture_refused", "gen_expert_calls", "distance_from_ids_dropped"} <= set(judged["metric"])
+
+
+def test_a_planted_routing_bug_in_the_example_is_caught(tmp_path: Path) -> None:
+    """`id > start` instead of `id >= start`: the first gen id is routed to the und expert."""
+    code, output, frame = _run(
+        tmp_path,
+        "tests.support.example_target_variants:make_target_mask_past_start",
+        f"{AR_SUITES}/test_expert_selection.py",
+        "-k",
+        "test_expert_selection and eager",
+    )
+    assert code == 1, output[-3000:]
+    failed = frame[(frame["verdict"] == "fail") & (frame["metric"] == "mismatched_tokens")]
+    assert "vocab-boundaries" in set(failed["case"])
+    assert failed["detail"].str.contains("id 256: und (want gen)", regex=False).all()

@@ -1,0 +1,162 @@
+"""The fork server behind the sensitivity suite: isolated sessions, exit codes, logs, timeouts."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from parity.suites.sensitivity.sessions import ForkServerError, PytestForkServer
+
+PATCHING_TEST = """
+import json, os
+def test_patch_stays_here():
+    assert not hasattr(json, "parity_leak"), "a previous session's patch leaked into this one"
+    json.parity_leak = os.getpid()
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("forked")
+    (root / "test_patch.py").write_text(PATCHING_TEST)
+    (root / "test_red.py").write_text("def test_red():\n    assert 1 == 2\n")
+    (root / "test_slow.py").write_text("import time\ndef test_slow():\n    time.sleep(30)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    with PytestForkServer(cwd=root, env=env, preload=("json",), jobs=3) as server:
+        server.root = root
+        yield server
+
+
+def _args(name: str) -> list[str]:
+    return [name, "-q", "-p", "no:cacheprovider"]
+
+
+def test_each_session_is_isolated_and_reports_its_exit_code(server, tmp_path: Path) -> None:
+    # The same module patches json twice: the second session must not see the first one's patch.
+    assert server.run(_args("test_patch.py"), tmp_path / "one.log") == 0
+    assert server.run(_args("test_patch.py"), tmp_path / "two.log") == 0, (tmp_path / "two.log").read_text()
+    assert server.run(_args("test_red.py"), tmp_path / "red.log") == 1
+    assert "assert 1 == 2" in (tmp_path / "red.log").read_text()
+
+
+def test_a_session_past_its_timeout_is_killed(server, tmp_path: Path) -> None:
+    assert server.run(_args("test_slow.py"), tmp_path / "slow.log", timeout=1.0) == 124
+    assert server.run(_args("test_patch.py"), tmp_path / "after.log") == 0  # the server carries on
+
+
+MEET = """
+import pathlib, time
+def test_meet():
+    here, other = pathlib.Path("{me}.here"), pathlib.Path("{other}.here")
+    here.touch()
+    deadline = time.monotonic() + 120
+    while not other.exists():
+        assert time.monotonic() < deadline, "the other session never ran beside this one"
+        time.sleep(0.05)
+"""
+
+
+def test_sessions_run_at_once_and_answer_in_any_order(server, tmp_path: Path) -> None:
+    """Two sessions that each wait for the other can only both pass if they run at the same time;
+    a session submitted after one that is still waiting is answered first (no timing involved)."""
+    for me, other in (("a", "b"), ("b", "a"), ("late", "release")):
+        (server.root / f"test_meet_{me}.py").write_text(MEET.format(me=me, other=other))
+    held = server.submit(_args("test_meet_late.py"), tmp_path / "late.log")  # waits for release.here
+    pair = [server.submit(_args(f"test_meet_{me}.py"), tmp_path / f"{me}.log") for me in ("a", "b")]
+    assert [future.result(timeout=300) for future in pair] == [0, 0], (tmp_path / "a.log").read_text()
+    assert not held.done()  # answered out of order: the later sessions ended first
+    (server.root / "release.here").touch()
+    assert held.result(timeout=300) == 0
+
+
+STARTED_THEN_WAITS = """
+import os, pathlib, time
+def test_wait():
+    pathlib.Path("{name}.pid").write_text(str(os.getpid()))
+    deadline = time.monotonic() + 120
+    while not pathlib.Path("{name}.release").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+"""
+
+
+def _wait_for(path: Path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def one_job(tmp_path: Path):
+    for name in ("held", "other"):
+        (tmp_path / f"test_{name}.py").write_text(STARTED_THEN_WAITS.format(name=name))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    with PytestForkServer(cwd=tmp_path, env=env, preload=("json",), jobs=1) as server:
+        yield server, tmp_path
+
+
+def test_jobs_limit_queues_requests_until_set_jobs(one_job) -> None:
+    """With one job a second session waits in the server (its log is only created when it forks);
+    raising the limit starts it while the first still runs."""
+    server, root = one_job
+    held = server.submit(_args("test_held.py"), root / "held.log")
+    _wait_for(root / "held.pid")
+    other = server.submit(_args("test_other.py"), root / "other.log")
+    time.sleep(3)  # ample for a fork: a server that ignored the limit would have started it
+    assert not (root / "other.log").exists() and not other.done()
+    server.set_jobs(2)
+    _wait_for(root / "other.pid")
+    (root / "other.release").touch()
+    assert other.result(timeout=120) == 0
+    assert not held.done()
+    (root / "held.release").touch()
+    assert held.result(timeout=120) == 0
+
+
+def test_closing_the_server_kills_running_sessions_and_drops_queued_ones(one_job) -> None:
+    """An interrupted run closes the server: no session may outlive it."""
+    server, root = one_job
+    held = server.submit(_args("test_held.py"), root / "held.log")
+    _wait_for(root / "held.pid")
+    queued = server.submit(_args("test_other.py"), root / "other.log")
+    server.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((root / "held.pid").read_text()), 0)
+    for future in (held, queued):
+        with pytest.raises(ForkServerError):
+            future.result(timeout=10)
+    assert not (root / "other.log").exists()
+
+
+WATCHED_PATCH = """
+import parity.compare.verdict as verdict
+def test_patch_{n}():
+    assert not hasattr(verdict, "parity_leak"), "a previous session's patch of a parity module leaked into this one"
+    verdict.parity_leak = {n}
+"""
+
+
+def test_a_batch_runs_its_sessions_in_one_process_each_isolated(tmp_path: Path) -> None:
+    """Sessions of one batch share a process (one fork) and still start from the shipped modules:
+    `isolation.isolated_session` puts back what a session patched. Without it (the broken
+    variant) the second session sees the first one's patch."""
+    for n in (1, 2):
+        (tmp_path / f"test_watched_{n}.py").write_text(WATCHED_PATCH.format(n=n))
+    (tmp_path / "test_pid.py").write_text(
+        "import os, pathlib\ndef test_pid():\n    pathlib.Path('pid-' + str(os.getpid())).touch()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]))
+    sessions = [
+        (_args(name), tmp_path / f"{name}.log")
+        for name in ("test_pid.py", "test_watched_1.py", "test_watched_2.py", "test_pid.py")
+    ]
+    isolation = "parity.suites.sensitivity.isolation:isolated_session"
+    with PytestForkServer(cwd=tmp_path, env=env, preload=("parity.compare.verdict",), jobs=1) as server:
+        assert server.submit_batch(sessions, isolation=isolation).result(timeout=300) == [0, 0, 0, 0]
+        assert len(list(tmp_path.glob("pid-*"))) == 1, "the batch's sessions ran in one process"
+        assert server.submit_batch(sessions[1:3]).result(timeout=300) == [0, 1], (tmp_path / "test_watched_2.py.log").read_text()

@@ -1,0 +1,138 @@
+"""`--target` factories that slip past a check that only looks for members: a factory
+that ends the process or hangs, one that leaves a non-daemon thread running (as engines' background
+loops do), a router that returns None, and the forms a router's result may or may not take
+(docs/targets.md §7). tests/harness/test_check_target_contract.py and tests/harness/test_bad_inputs_targets.py use them."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+STOP = threading.Event()  # what the threads below wait for (a test that starts one in its process can end it)
+
+
+def exits() -> Any:
+    sys.exit(0)
+
+
+def exits_hard() -> Any:
+    os._exit(0)
+
+
+def hangs() -> Any:
+    threading.Event().wait()
+
+
+def make_serving() -> Any:
+    """The built-in serving target, imported when asked for: importing this module stays light, so a
+    check's time limit is spent in the factory it names, not in loading models (the factory-hangs
+    row waits a few seconds and must find the check in the factory)."""
+    from serving_models.target import make_target
+
+    return make_target()
+
+
+def leaves_a_thread() -> Any:
+    """The serving target, and an engine loop that never ends on a non-daemon thread."""
+    threading.Thread(target=STOP.wait, name="engine-loop").start()
+    return make_serving()
+
+
+class WithRouter:
+    """The built-in serving target with `router()` replaced."""
+
+    def __init__(self, name: str, router: Callable[[], Any]) -> None:
+        self._target = make_serving()
+        self.name = name
+        self.router = router
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+def router_returns_none() -> WithRouter:
+    return WithRouter("router-none", lambda: None)
+
+
+def router_exits() -> WithRouter:
+    return WithRouter("router-exits", lambda: sys.exit(3))
+
+
+def router_hangs() -> WithRouter:
+    return WithRouter("router-hangs", lambda: threading.Event().wait())
+
+
+class Reshaped:
+    """The serving router whose `select_experts` result is handed back in another form."""
+
+    def __init__(self, form: Callable[[Any], Any]) -> None:
+        self._router = make_serving().router()
+        self._form = form
+        self.name = f"serving-{form.__name__}"
+
+    def select_experts(self, logits: torch.Tensor, k: int, **options: Any) -> Any:
+        return self._form(self._router.select_experts(logits, k, **options))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._router, name)
+
+
+def plain(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """docs/targets.md §7's plain pair, as vLLM's `select_experts` returns it."""
+    return result.weights, result.ids
+
+
+def named(result: Any) -> Any:
+    """The built-in router's own NamedTuple `RoutingResult(weights, ids)`."""
+    return result
+
+
+class IdsFirst(NamedTuple):
+    ids: torch.Tensor
+    weights: torch.Tensor
+
+
+def named_ids_first(result: Any) -> IdsFirst:
+    """A NamedTuple that names its fields right but puts ids first (a consumer unpacking by
+    position gets ids as weights: ROCm/ATOM's swapped pair, docs/routing.md §1)."""
+    return IdsFirst(result.ids, result.weights)
+
+
+@dataclasses.dataclass
+class RoutingOutput:
+    weights: torch.Tensor
+    ids: torch.Tensor
+
+
+def dataclass_result(result: Any) -> RoutingOutput:
+    """An object with `.weights` and `.ids` that is not a pair: fused MoE cannot unpack it."""
+    return RoutingOutput(result.weights, result.ids)
+
+
+FORMS: dict[str, Callable[[Any], Any]] = {f.__name__: f for f in (plain, named, named_ids_first, dataclass_result)}
+
+
+def router_form(form: str) -> WithRouter:
+    return WithRouter(f"serving-{form}", lambda: Reshaped(FORMS[form]))
+
+
+def router_plain() -> WithRouter:
+    return router_form("plain")
+
+
+def router_named() -> WithRouter:
+    return router_form("named")
+
+
+def router_named_ids_first() -> WithRouter:
+    return router_form("named_ids_first")
+
+
+def router_dataclass() -> WithRouter:
+    return router_form("dataclass_result")
