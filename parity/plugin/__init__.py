@@ -16,6 +16,7 @@ import pytest
 from parity import import_check  # noqa: F401 - first: a shadowed `parity` is one line, not an ImportError deep in the harness
 
 # isort: split
+from parity.cases import defer_errors
 from parity.plugin import lanes
 from parity.plugin.options import add_pytest_options
 
@@ -31,6 +32,19 @@ def pytest_configure(config: pytest.Config) -> None:
     lanes.scope(config)  # a bad ini value is a usage error up front
     if lanes.parity_session(config):
         activate(config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Every session, parity's or not: collection is over, so a case file read from now on raises
+    as ever (the options switched the deferral on, `parity.cases.defer_errors`); a session in the
+    same process after this one must not inherit it."""
+    defer_errors(False)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """And when a session ends before its collection did (a usage error while configuring)."""
+    defer_errors(False)
 
 
 def activate(config: pytest.Config) -> None:

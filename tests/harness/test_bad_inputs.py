@@ -657,9 +657,9 @@ BAD_INPUTS = [
     Bad("target-without-router-run", suites_session("parity/suites/routing/test_edges.py", "--parity-target", "tests.support.bad_targets:no_router", skips=True), ("provides no router (no router): the routing suites do not apply",), skip=True),
     # -- in a fresh process: xdist, and `parity run` past its own checks (its pytest, its device) ---
     Bad("target-bogus-xdist", fresh_parity_run("--suite", "selfcheck", "--target", "bogus.mod:f", "-n", "2"), ("ERROR: --parity-target 'bogus.mod:f'", "No module named 'bogus'"), marks=(pytest.mark.parity_slow,)),
-    Bad("append-target-gone", fresh_append("--target", "bogus.mod:f", run_target="bogus.mod:f"), ("ERROR: --parity-target 'bogus.mod:f'", "No module named 'bogus'")),
-    Bad("append-other-target", fresh_append("--target", "reference"), ("ERROR: --parity-append", "another configuration", "target: run has 'serving', this session 'reference'")),
-    Bad("cuda-on-a-cpu-machine", fresh_parity_run("--device", "cuda", "--suite", "selfcheck"), ("ERROR: --parity-device cuda: no CUDA device is available",), marks=(pytest.mark.skipif(HAS_CUDA, reason="needs a machine without CUDA"),)),
+    Bad("append-target-gone", fresh_append("--target", "bogus.mod:f", run_target="bogus.mod:f"), ("ERROR: --parity-target 'bogus.mod:f'", "No module named 'bogus'"), marks=(pytest.mark.parity_slow,)),
+    Bad("append-other-target", fresh_append("--target", "reference"), ("ERROR: --parity-append", "another configuration", "target: run has 'serving', this session 'reference'"), marks=(pytest.mark.parity_slow,)),
+    Bad("cuda-on-a-cpu-machine", fresh_parity_run("--device", "cuda", "--suite", "selfcheck"), ("ERROR: --parity-device cuda: no CUDA device is available",), marks=(pytest.mark.parity_slow, pytest.mark.skipif(HAS_CUDA, reason="needs a machine without CUDA"),)),
 ]
 # fmt: on
 
@@ -796,6 +796,7 @@ BAD_MASKS = {"short": GOOD_MASK[:, :4], "one-per-sequence": GOOD_MASK[:, :1]}
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_the_moe_mask_check_holds_in_every_mode(mode: str) -> None:
     """A right mask runs in every mode and matches eager; a short mask or one entry per sequence
     raises in every mode (eager: the gather path; cpu_graph: the blend while recording; compiled:
@@ -814,6 +815,7 @@ def test_the_moe_mask_check_holds_in_every_mode(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_without_the_check_a_mask_of_one_entry_per_sequence_passes_silently(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The defect the check answers, in every mode: a [B, 1] mask leaves rows of the eager path's
     `torch.empty` output unwritten, and broadcasts in the blend (captured, compiled); nothing raises."""
@@ -843,6 +845,7 @@ def test_run_json_records_the_end_of_a_session() -> None:
     assert run_status(3, signal_name=None, stopped="")["status"] == "crashed"
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_ctrl_c_during_parity_run_leaves_run_json_interrupted_and_the_review_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -287,8 +287,8 @@ ROWS = [
     Bad("grid-sizes-multiply-past-limit", case_file("grid", "experts = [8]\nk = [2]\nrows = [7]", "experts = [1048576]\nk = [2]\nrows = [1048576]"), ("grid.toml", "[grid]", WHOLE_CASE, "experts[0] 1048576 x k[0] 2 x rows[0] 1048576")),
     Bad("velocity-sizes-multiply-past-limit", case_file("velocity", "height = 32\nwidth = 32\ntext_lens = [4]", f"height = 1024\nwidth = 1024\ntext_lens = [{', '.join(['4096'] * 64)}]"), ("velocity.toml", "[velocity] case 'v'", WHOLE_CASE, "height 1024 x width 1024 x text_lens x64")),
     Bad("case-file-misspelt-in-cases-dir", misspelt_in_cases_dir, ("selfchek.toml", "not a case file parity reads", "did you mean selfcheck.toml?")),
-    Bad("case-file-broken-run-exit-4", parity_run_process(cases=lambda tmp: _copy_cases(tmp, "selfcheck.toml", "data_range = 255.0", 'data_range = "255"')), ("ERROR: ", "selfcheck.toml: table [psnr] case 'psnr-offset-uint8': key 'data_range': expected float, found str '255'")),
-    Bad("case-file-misspelt-run-exit-4", run_with_misspelt_cases, ("ERROR: --parity-cases", "selfchek.toml", "did you mean selfcheck.toml?")),
+    Bad("case-file-broken-run-exit-4", parity_run_process(cases=lambda tmp: _copy_cases(tmp, "selfcheck.toml", "data_range = 255.0", 'data_range = "255"')), ("ERROR: ", "selfcheck.toml: table [psnr] case 'psnr-offset-uint8': key 'data_range': expected float, found str '255'"), marks=(pytest.mark.parity_slow,)),
+    Bad("case-file-misspelt-run-exit-4", run_with_misspelt_cases, ("ERROR: --parity-cases", "selfchek.toml", "did you mean selfcheck.toml?"), marks=(pytest.mark.parity_slow,)),
     # -- checkpoints: release configs as strict as the flat layout, decoders, flagged tensors -------
     Bad("ar-release-eps-negative-reference", release_config("reference-ar", "llm_config", "text_config", "rms_norm_eps", value=-1), ("config.json", f"'{EPS}'", "expected a positive, finite float", "found int -1")),
     Bad("ar-release-eps-negative-serving", release_config("serving-ar", "llm_config", "text_config", "rms_norm_eps", value=-1), ("config.json", f"'{EPS}'", "expected a positive, finite float", "found int -1")),

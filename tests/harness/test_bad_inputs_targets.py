@@ -158,13 +158,13 @@ BAD_TARGET_INPUTS = [
     Bad("check-target-factory-sys-exit", check_target(f"{SLIPPERY}:exits"), ("the factory tests.support.slippery_targets:exits called sys.exit(0)", "a target must not end the process")),
     Bad("check-target-module-sys-exit", module_target("engine_exits", "import sys\nsys.exit(0)\n"), ("importing module 'engine_exits' called sys.exit(0)",)),
     Bad("check-target-factory-os-exit", check_target(f"{SLIPPERY}:exits_hard"), ("ended the check's process (exit code 0) in calling the factory tests.support.slippery_targets:exits_hard",)),
-    Bad("check-target-factory-hangs", check_target(f"{SLIPPERY}:hangs", "--timeout", "10"), ("did not finish its check within 10 s", "it hung in calling the factory tests.support.slippery_targets:hangs")),
-    Bad("check-target-router-hangs", check_target(f"{SLIPPERY}:router_hangs", "--suite", "routing", "--timeout", "8"), ("did not finish its check within 8 s", "router: target.router()")),
-    Bad("check-target-leaves-a-thread", check_target(f"{SLIPPERY}:leaves_a_thread", "--suite", "selfcheck"), ("left 1 non-daemon thread(s) running", "'engine-loop'", "could never exit")),
+    Bad("check-target-factory-hangs", check_target(f"{SLIPPERY}:hangs", "--timeout", "10"), ("did not finish its check within 10 s", "it hung in calling the factory tests.support.slippery_targets:hangs"), marks=(pytest.mark.parity_slow,)),
+    Bad("check-target-router-hangs", check_target(f"{SLIPPERY}:router_hangs", "--suite", "routing", "--timeout", "8"), ("did not finish its check within 8 s", "router: target.router()"), marks=(pytest.mark.parity_slow,)),
+    Bad("check-target-leaves-a-thread", check_target(f"{SLIPPERY}:leaves_a_thread", "--suite", "selfcheck"), ("left 1 non-daemon thread(s) running", "'engine-loop'", "could never exit"), marks=(pytest.mark.parity_slow,)),
     Bad("check-target-router-exits", check_target(f"{SLIPPERY}:router_exits", "--suite", "routing"), ("router: target.router() called sys.exit(3)",)),
     Bad("pytest-factory-sys-exit", resolve(f"{SLIPPERY}:exits"), ("--parity-target 'tests.support.slippery_targets:exits'", "called sys.exit(0)")),
-    Bad("run-target-leaves-a-thread", parity_run("--target", f"{SLIPPERY}:leaves_a_thread"), ("does not conform", "left 1 non-daemon thread(s) running")),
-    Bad("run-target-hangs", parity_run("--target", f"{SLIPPERY}:hangs", PARITY_CHECK_TARGET_TIMEOUT="4"), ("does not conform", "did not finish its check within 4 s")),
+    Bad("run-target-leaves-a-thread", parity_run("--target", f"{SLIPPERY}:leaves_a_thread"), ("does not conform", "left 1 non-daemon thread(s) running"), marks=(pytest.mark.parity_slow,)),
+    Bad("run-target-hangs", parity_run("--target", f"{SLIPPERY}:hangs", PARITY_CHECK_TARGET_TIMEOUT="4"), ("does not conform", "did not finish its check within 4 s"), marks=(pytest.mark.parity_slow,)),
     # -- members that return the wrong thing, checked as the suites will use it
     Bad("check-target-router-none", check_target(f"{SLIPPERY}:router_returns_none", "--suite", "routing"), ("target.router() returned None", "expected a router adapter")),
     Bad("check-target-router-dataclass", check_target(f"{SLIPPERY}:router_dataclass", "--suite", "routing"), ("must return the pair (weights, ids), plain or named", "RoutingOutput", "renormalize=True)"),),
@@ -172,8 +172,8 @@ BAD_TARGET_INPUTS = [
     Bad("check-target-unknown-suite", check_target("serving", "--suite", "nope"), ("--suite 'nope': no such suite", "routing")),
     Bad("check-target-timeout-zero", check_target("serving", "--timeout", "0"), ("time-out 0.0", "seconds > 0")),
     # -- interruptions and broken disks
-    Bad("run-sighup", signalled("SIGHUP"), ("the run is interrupted (SIGHUP)", "summary below covers the rows written")),
-    Bad("session-disk-full", full_disk(), ("the run is incomplete", "report row(s) could not be written", "No space left on device")),
+    Bad("run-sighup", signalled("SIGHUP"), ("the run is interrupted (SIGHUP)", "summary below covers the rows written"), marks=(pytest.mark.parity_slow,)),
+    Bad("session-disk-full", full_disk(), ("the run is incomplete", "report row(s) could not be written", "No space left on device"), marks=(pytest.mark.parity_slow,)),
     Bad("review-rows-not-written", review_of(incomplete_run), ("INCOMPLETE RUN", "the run was incomplete", "3 report row(s) could not be written")),
 ]
 # fmt: on

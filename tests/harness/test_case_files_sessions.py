@@ -16,6 +16,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.support.helpers import PROJECT_ROOT, run_parity, run_pytest
 
 VARIANTS = "tests.support.case_variants"
@@ -32,6 +34,7 @@ def _broken_cases(tmp_path: Path) -> Path:
     return cases
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_broken_case_files_of_other_families_do_not_stop_a_selfcheck_run(tmp_path: Path) -> None:
     cases = _broken_cases(tmp_path)
     result = run_parity(["run", "--suite", "selfcheck", "--report-dir", str(tmp_path / "out")], PARITY_CASES_DIR=str(cases))
@@ -41,6 +44,7 @@ def test_broken_case_files_of_other_families_do_not_stop_a_selfcheck_run(tmp_pat
     assert "parity summary" in result.stdout and "selfcheck" in result.stdout
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_selecting_a_reader_of_a_broken_case_file_is_one_line_and_exit_4(tmp_path: Path) -> None:
     cases = _broken_cases(tmp_path)
     out = tmp_path / "out"
@@ -55,6 +59,7 @@ def test_selecting_a_reader_of_a_broken_case_file_is_one_line_and_exit_4(tmp_pat
     assert "Traceback" not in output and not out.exists()
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_without_deferral_a_broken_ar_toml_stops_every_session(tmp_path: Path) -> None:
     """The broken variant: case files read eagerly at import (`parity.cases.deferring` off)."""
     cases = _broken_cases(tmp_path)
@@ -83,10 +88,12 @@ def _collected(tmp_path: Path, *args: str, **env: str) -> str:
     return result.stdout
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_an_extra_ar_toml_adds_its_prompt_to_tables_loaded_before_the_session_was_configured(tmp_path: Path) -> None:
     assert "my-own-prompt" in _collected(tmp_path)
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_without_extending_loaded_tables_the_extra_prompt_is_silently_ignored(tmp_path: Path) -> None:
     """The broken variant: `add_case_dirs` only remembers the directories (files read afterwards get them)."""
     assert "my-own-prompt" not in _collected(tmp_path, "-p", VARIANTS, PARITY_CASE_VARIANT="remember-only")

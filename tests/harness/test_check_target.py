@@ -54,6 +54,7 @@ def _pytest_must_not_start(argv: list[str]) -> int:
     raise AssertionError(f"parity run started pytest ({' '.join(argv)}): the conformance check did not stop it")
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_parity_run_stops_with_one_line_before_any_suite(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

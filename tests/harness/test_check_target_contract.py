@@ -80,6 +80,7 @@ def test_one_rule_is_what_makes_them_agree(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.parametrize("form", ["plain", "named"])
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_each_documented_form_passes_check_target_and_a_routing_session(form: str, tmp_path: Path) -> None:
     """Through the real commands: `parity check-target` and a routing suite session (its edge
     cases: ties, NaN, pad rows, each with its contract row) on the target."""
@@ -212,6 +213,7 @@ SWITCH_OFF: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
 
 
 @pytest.mark.parametrize("row_id", SWITCH_OFF)
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_the_checks_are_what_catch_these(row_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each check switched off (a broken variant of the harness): the row's mistake passes silently,
     or at least no longer gives its explaining line (with it on, tests/harness/test_bad_inputs_targets.py

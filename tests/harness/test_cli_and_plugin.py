@@ -41,6 +41,7 @@ def test_run_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> 
         assert option in stdout
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_parity_run_writes_a_run_directory_and_a_summary(tmp_path: Path) -> None:
     result = run_parity(["run", "--suite", "selfcheck", "--report-dir", str(tmp_path), "--run-id", "first"])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -62,6 +63,7 @@ def _copy_cases(tmp_path: Path) -> Path:
     return cases
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_failing_check_makes_parity_run_exit_non_zero(tmp_path: Path) -> None:
     cases = _copy_cases(tmp_path)
     text = (cases / "selfcheck.toml").read_text().replace("expected = -1.0", "expected = -0.5")
@@ -73,6 +75,7 @@ def test_a_failing_check_makes_parity_run_exit_non_zero(tmp_path: Path) -> None:
     assert "1 case(s) failed" in result.stderr
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_malformed_case_file_is_one_readable_line_and_a_non_zero_exit(tmp_path: Path) -> None:
     """A case file error is a usage error: pytest's one `ERROR:` line and exit 4 (README), before any test."""
     cases = _copy_cases(tmp_path)
@@ -248,6 +251,7 @@ def kernels(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_the_plugin_caps_onednn_for_default_kernels_in_workers_and_children(kernels: Path, workers: list[str]) -> None:
     out = kernels / "out"
     args = [str(kernels), "--parity-report-dir", str(out), "--parity-run-id", "r", *workers]
@@ -261,6 +265,7 @@ def test_the_plugin_caps_onednn_for_default_kernels_in_workers_and_children(kern
     assert "set by parity" in info["cpu_kernels"]["note"] and info["cpu_threads"] == 1  # OMP_NUM_THREADS=2 does not win
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_parity_cpu_threads_sets_the_thread_count_and_a_users_cap_is_kept(kernels: Path) -> None:
     out = kernels / "out"
     result = run_pytest(

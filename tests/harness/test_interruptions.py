@@ -57,6 +57,7 @@ def ended_cleanly(result: SignalledRun, name: str) -> list[str]:
 
 
 @pytest.mark.parametrize("names", [("SIGTERM",), ("SIGINT", "SIGINT")], ids=["sigterm", "double-ctrl-c"])
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_signal_ends_the_run_with_one_line_the_summary_and_its_status(names: tuple[str, ...], tmp_path: Path) -> None:
     result = signal_run(tmp_path, *names)
     assert ended_cleanly(result, names[0]) == [], result.output
@@ -64,6 +65,7 @@ def test_a_signal_ends_the_run_with_one_line_the_summary_and_its_status(names: t
         assert "SIGINT again: already stopping after SIGINT" in result.output
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_without_the_guard_a_second_ctrl_c_loses_the_summary_and_the_status(tmp_path: Path) -> None:
     """The broken variant: every signal raises KeyboardInterrupt, the second one inside the end of
     the session (what a tester saw: a traceback, no summary, run.json left running)."""
@@ -116,6 +118,7 @@ def _file_size_limit() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (4000, 4000))  # run.json fits, results.csv does not
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_file_size_limit_makes_a_real_run_incomplete_and_says_so(tmp_path: Path) -> None:
     run_dir = tmp_path / "reports" / "limited"
     command = ["-m", "parity", "run", "--suite", "selfcheck", "--report-dir", str(tmp_path / "reports"), "--run-id", "limited"]
@@ -163,6 +166,7 @@ def selfcheck_args(tmp_path: Path, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_rows_the_disk_refuses_make_the_run_incomplete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as patch:
         patch.setattr(ReportWriter, "write_many", refusing(6, [0]))
@@ -174,6 +178,7 @@ def test_rows_the_disk_refuses_make_the_run_incomplete(tmp_path: Path, monkeypat
     assert "Traceback" not in output
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_without_counting_refused_rows_the_run_says_complete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The broken variant: a writer that lets the disk's error through uncounted (as before issue
     31) leaves run.json `complete` while rows are missing."""
@@ -245,6 +250,7 @@ def interrupted_then_resumed(tmp_path: Path, stop_after: int) -> tuple[Path, dic
     return run_dir, {"before": before, "code": code}, output
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_append_after_an_interruption_runs_only_what_is_missing(
     tmp_path: Path, complete_rows: collections.Counter, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,6 +287,7 @@ def _every_test_with_a_row_done(run_dir: Path) -> resume_module.ResumePlan:
         pytest.param(("plan_resume", _every_test_with_a_row_done), id="trusts-half-tests"),
     ],
 )
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_without_each_rule_the_resumed_run_is_wrong(
     switch_off: tuple[str, Any], tmp_path: Path, complete_rows: collections.Counter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -309,6 +316,7 @@ def test_a_test_whose_row_the_disk_refused_runs_again(tmp_path: Path) -> None:
     assert plan.torn == 1 and plan.changes_results
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_an_interruption_pytest_cannot_format_still_ends_with_the_summary(pytester: pytest.Pytester) -> None:
     """pytest's formatting of the interrupted traceback raising TypeError (Python 3.11, a frame
     without a line number) must not replace the run's end with pytest's own traceback."""

@@ -35,6 +35,7 @@ def _subprocess_pytest(pytester: pytest.Pytester, *args: str) -> pytest.RunResul
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", *plugin_args(), "-s", *args)
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_session_without_parity_tests_imports_neither_torch_nor_pandas(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_project=IMPORT_PROBE)
     result = _subprocess_pytest(pytester)
@@ -42,6 +43,7 @@ def test_a_session_without_parity_tests_imports_neither_torch_nor_pandas(pyteste
     assert "HEAVY []" in result.stdout.str(), result.stdout.str()
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_the_import_probe_sees_a_parity_session_import_torch(pytester: pytest.Pytester) -> None:
     """The broken variant of the check above: a parity session (a `--parity-*` option) does import
     the harness, and the probe says so."""
@@ -156,6 +158,7 @@ def test_the_fixture_probe_sees_parity_s_fixtures_made_global(project: pytest.Py
     result.assert_outcomes(failed=1)
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_parity_s_own_suites_run_beside_the_project_without_an_option(project: pytest.Pytester) -> None:
     """`pytest --pyargs parity.suites` in the project, no `--parity-*` option: collecting the suites
     makes the session a parity one, the suites find their fixtures under their short names, and

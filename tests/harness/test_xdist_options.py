@@ -38,6 +38,7 @@ def _spelled(options: dict[str, str], equals: bool) -> list[str]:
     [(False, "root-without-paths"), (True, "elsewhere-with-path")],
     ids=["space-separated-from-the-root", "equals-from-another-directory"],
 )
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_options_reach_every_worker(equals: bool, where: str, tmp_path: Path) -> None:
     out = tmp_path / "elsewhere"  # outside the checkout
     options = {**OPTIONS, "--parity-report-dir": str(out)}

@@ -36,6 +36,9 @@ from serving_models.dit import model as dit_model
 from serving_models.dit.model import TransformerBlock
 from tests.support.dit_support import latents, tiny_pair
 
+pytestmark = pytest.mark.parity_slow  # module fixtures compile: seconds
+
+
 SIZES = [(32, 32), (32, 64), (64, 32), (48, 48)]
 
 
@@ -203,7 +206,6 @@ def test_fullgraph_rejects_a_host_read_inside_a_block(counter, monkeypatch):
         step(serving, (32, 32), 4, cfg=False)
 
 
-@pytest.mark.parity_slow
 def test_inductor_compiled_matches_eager(counter):
     """Inductor on CPU: warm-up compile count and compiled vs eager velocity.
 

@@ -123,6 +123,7 @@ def add_to_index(directory: Path, filename: str, names: list[str]) -> None:
     path.write_text(json.dumps(index))
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_the_ar_suites_run_on_a_release_layout_directory(tmp_path: Path) -> None:
     """`--parity-checkpoint-layout release`: the suites' tiny checkpoints in the release layout."""
     selection = ["parity/suites/ar/test_numerics.py", "parity/suites/ar/test_weight_coverage.py"]

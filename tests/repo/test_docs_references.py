@@ -78,6 +78,7 @@ OTHER_OPTIONS = {
     "--pyargs": "pytest: collect tests from an installed package (parity.suites)",
     "--durations": "pytest: the slowest tests, to see where a run's time goes",
     "--maxfail": "pytest: stop after N failures (a run recorded as interrupted)",
+    "--co": "pytest: collect only, list the tests a selection picks (the plugin's import cost is measured on it)",
     "--markdown": "python -m parity.suites.sensitivity.catalogue: print docs/mutants.md",
 }
 

@@ -95,6 +95,7 @@ def _append(args):
         writer.write(_row(case=f"{worker}-{i}", detail='comma, "quote"\nnewline'))
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_concurrent_processes_append_whole_rows_and_one_header(tmp_path: Path) -> None:
     with multiprocessing.get_context("spawn").Pool(4) as pool:
         pool.map(_append, [(tmp_path, f"gw{i}", 40) for i in range(4)])
@@ -168,6 +169,7 @@ def _rows(report_dir: Path) -> pd.DataFrame:
     return read_results(run_dir)
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_failures_errors_and_asserts_all_reach_the_csv(demo_suite: Path, tmp_path: Path) -> None:
     out = tmp_path / "reports"
     result = run_pytest([str(demo_suite), "--parity-report-dir", str(out)], cwd=demo_suite)
@@ -180,6 +182,7 @@ def test_failures_errors_and_asserts_all_reach_the_csv(demo_suite: Path, tmp_pat
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_an_interrupted_run_keeps_its_finished_rows(demo_suite: Path, tmp_path: Path, signal_name: str) -> None:
     out = tmp_path / "reports"
     result = run_pytest(
@@ -194,6 +197,7 @@ def _row_set(frame: pd.DataFrame) -> list[tuple]:
     return sorted(map(tuple, frame[keys].astype(str).values.tolist()))
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_xdist_workers_write_exactly_the_rows_of_a_serial_run(tmp_path: Path) -> None:
     runs = {}
     for workers in ("0", "2", "4"):

@@ -332,12 +332,14 @@ def recorded() -> dict[str, pd.DataFrame]:
 @pytest.mark.parametrize(
     "baseline_run, reviewed", CROSS_KERNEL_PAIRS, ids=[f"{a}-reviewed-by-{b}" for a, b in CROSS_KERNEL_PAIRS]
 )
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_correct_run_reviews_clean_against_a_baseline_of_another_kernel_set(recorded, baseline_run: str, reviewed: str) -> None:
     result = compare_rows(recorded[baseline_run], recorded[reviewed], name=baseline_run)
     assert result.matched > 4000 and result.new.empty and result.vanished.empty
     assert result.ok and result.regressions.empty, format_comparison(result)
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_the_old_rule_flagged_those_runs_and_the_margin_is_measured(recorded, monkeypatch: pytest.MonkeyPatch) -> None:
     """The broken variants: every bound read as a policy (the old rule) and the old 10% margin."""
     assert compare_rows(recorded["avx512-t1"], recorded["default-t1"]).ok
@@ -350,6 +352,7 @@ def test_the_old_rule_flagged_those_runs_and_the_margin_is_measured(recorded, mo
 
 
 @pytest.mark.parametrize("baseline_run", ["avx512-t1", "default-t1"])
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_mutants_run_still_shows_regressions_against_any_kernel_set(recorded, baseline_run: str) -> None:
     """RMSNorm eps 1e-5 instead of 1e-6 in the serving model, its rows labelled as the built-in
     target's (the defect as if it had landed there; a baseline of another target is refused)."""

@@ -284,6 +284,7 @@ def _claim_and_die(run_dir: Path) -> int:
     return int(done.stdout)
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_dead_owner_is_recognised_and_its_run_may_be_taken_over(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
     pid = _claim_and_die(run_dir)
@@ -380,6 +381,7 @@ def test_a_session_claims_its_run_id_before_the_first_row_and_leaves_nothing_wit
     assert not (out / "r").exists()  # the claim was given up at unconfigure: no row, nothing left
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_dead_owners_run_may_be_appended_to_by_a_session(pytester: pytest.Pytester) -> None:
     out = pytester.path / "out"
     run_dir = make_run(out / "r")

@@ -62,6 +62,7 @@ def test_provenance_names_module_version_and_commit(engine_repo: Path) -> None:
     assert (missing["module"], missing["file"], missing["version"], missing["git_sha"]) == ("nowhere.mod", "", "", "")
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_run_json_records_the_targets_provenance(engine_repo: Path, tmp_path: Path) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()

@@ -34,6 +34,7 @@ def _args(name: str) -> list[str]:
     return [name, "-q", "-p", "no:cacheprovider"]
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_each_session_is_isolated_and_reports_its_exit_code(server, tmp_path: Path) -> None:
     # The same module patches json twice: the second session must not see the first one's patch.
     assert server.run(_args("test_patch.py"), tmp_path / "one.log") == 0
@@ -42,6 +43,7 @@ def test_each_session_is_isolated_and_reports_its_exit_code(server, tmp_path: Pa
     assert "assert 1 == 2" in (tmp_path / "red.log").read_text()
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_session_past_its_timeout_is_killed(server, tmp_path: Path) -> None:
     assert server.run(_args("test_slow.py"), tmp_path / "slow.log", timeout=1.0) == 124
     assert server.run(_args("test_patch.py"), tmp_path / "after.log") == 0  # the server carries on
@@ -59,6 +61,7 @@ def test_meet():
 """
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_sessions_run_at_once_and_answer_in_any_order(server, tmp_path: Path) -> None:
     """Two sessions that each wait for the other can only both pass if they run at the same time;
     a session submitted after one that is still waiting is answered first (no timing involved)."""
@@ -99,6 +102,7 @@ def one_job(tmp_path: Path):
         yield server, tmp_path
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_jobs_limit_queues_requests_until_set_jobs(one_job) -> None:
     """With one job a second session waits in the server (its log is only created when it forks);
     raising the limit starts it while the first still runs."""
@@ -140,6 +144,7 @@ def test_patch_{n}():
 """
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_batch_runs_its_sessions_in_one_process_each_isolated(tmp_path: Path) -> None:
     """Sessions of one batch share a process (one fork) and still start from the shipped modules:
     `isolation.isolated_session` puts back what a session patched. Without it (the broken

@@ -161,6 +161,7 @@ def test_mode_lists():
     assert modes_for("cuda:0") == GPU_MODES
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_isolated_capture_reports_the_failure_and_names_the_module():
     failed = capture_in_subprocess("tests.support.runners_toys:host_read_case_cpu", mode="cpu_graph", device="cpu")
     assert failed.captured is False

@@ -180,6 +180,7 @@ def test_bucket_size_comes_from_the_case_file_with_its_reason() -> None:
 
 
 @pytest.mark.parametrize("mode", ["eager", "cpu_graph"])
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_correct_target_is_green_at_every_step(fp32: ARModels, mode: str) -> None:
     _, free, forced = run_both(fp32, fp32.ids(PROMPT), mode)
     assert free.matched.verdict == PASS and free.logits.verdict == PASS
@@ -195,6 +196,7 @@ def test_a_correct_target_is_green_at_every_step(fp32: ARModels, mode: str) -> N
 
 
 @pytest.mark.parametrize("mode", ["eager", "cpu_graph"])
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_defect_from_step_10_on_turns_the_teacher_forced_buckets_red_from_steps_8_15(
     late_fp32: Callable[[str], TeacherForced], mode: str
 ) -> None:
@@ -262,6 +264,7 @@ def test_teacher_forced_rows(late_fp32: Callable[[str], TeacherForced], tmp_path
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_bf16_noise_floor_is_green_on_a_correct_target_and_red_on_the_late_defect(bf16: ARModels, tmp_path: Path) -> None:
     prompt = bf16.ids(PROMPT)
     _, _, forced = run_both(bf16, prompt)

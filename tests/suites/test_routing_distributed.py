@@ -3,6 +3,7 @@ gathering the rows and routing afterwards (2 gloo processes on CPU)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -64,6 +65,7 @@ def worker(rank: int, init_file: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_route_then_gather_equals_gather_then_route(tmp_path):
     # Spawned processes: a fresh interpreter per rank, nothing inherited from pytest's process.
     mp.start_processes(worker, args=(str(tmp_path / "init"),), nprocs=WORLD_SIZE, join=True, start_method="spawn")

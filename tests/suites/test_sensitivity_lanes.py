@@ -64,6 +64,7 @@ def pytest_configure(config):
 """
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_a_mutant_that_cannot_apply_is_recorded_not_applicable(tmp_path: Path) -> None:
     (tmp_path / "fake_entry.py").write_text(FAKE_ENTRY)
     result = run_pytest(
@@ -107,6 +108,7 @@ def _collected(tmp_path: Path, *args: str) -> set[str]:
     return {line for line in result.stdout.splitlines() if "::" in line}
 
 
+@pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
 def test_control_selections_apply_each_expression_to_its_own_file(tmp_path: Path) -> None:
     """Two suites' modules share a name (ar/ and dit/test_numerics.py): a control built as one `-k`
     of module-qualified terms selects the other module's tests too (the broken variant, first);

@@ -78,10 +78,19 @@ def _in_process_args() -> list[str]:
 
 @contextlib.contextmanager
 def _outside_this_session() -> Iterator[None]:
+    """An in-process session as a fresh process would see it, and this process as it was after: a
+    session refused while parsing its options (pytest calls no hook of it after `pytest_addoption`)
+    would leave case-file errors deferred (`parity.cases.defer_errors`) for the tests after it."""
+    from parity import cases
+
+    deferring = cases.deferring()
     with pytest.MonkeyPatch.context() as patch:
         for name in OUTER_SESSION_ENV:
             patch.delenv(name, raising=False)
-        yield
+        try:
+            yield
+        finally:
+            cases.defer_errors(deferring)
 
 
 def run_pytest_in_pytester(pytester: pytest.Pytester, args: list[str]) -> pytest.RunResult:
