@@ -5,8 +5,8 @@ the `--parity-*` options and the `parity_*` markers and nothing else. The hooks 
 parity session (`parity.plugin.hooks`: rows, run directory, lanes, threads, Dynamo resets, the
 warning filter, CPU kernel selection) are registered by `activate`, and only in a session that
 runs parity tests: one with a `--parity-*` option on its command line (`parity run` always passes
-one), under `parity_scope = "all"`, or one that collects parity's suites (their conftest activates
-the plugin). Another project's session imports neither torch nor pandas through parity.
+one), one whose ini file sets `parity_scope` (to either value), or one that collects parity's
+suites (their conftest activates the plugin). Another project's session imports neither torch nor pandas through parity.
 """
 
 from __future__ import annotations
