@@ -28,6 +28,32 @@ from reference_models.ar.config import MammothModa2ARConfig
 from reference_models.ar.model import MammothModa2ForCausalLM, derive_gen_token_mask
 from reference_models.common import capture
 
+# Where each stage of parity's AR vocabulary is in the reference: module paths under `module`
+# (a plain path reads the module's output; docs/localise.md §1 has the declaration's form).
+_LAYER = "model.layers.{layer}"
+STAGE_MAP = {
+    "embed": {"module": "model.layers.0", "input": True},
+    "layer.{layer}.input_norm": f"{_LAYER}.input_layernorm",
+    "layer.{layer}.q": f"{_LAYER}.self_attn.q_proj",
+    "layer.{layer}.k": f"{_LAYER}.self_attn.k_proj",
+    "layer.{layer}.v": f"{_LAYER}.self_attn.v_proj",
+    "layer.{layer}.q_rope": {"module": f"{_LAYER}.self_attn.rotary", "output": 0, "layout": "heads_first"},
+    "layer.{layer}.k_rope": {"module": f"{_LAYER}.self_attn.rotary", "output": 1, "layout": "heads_first"},
+    "layer.{layer}.attn": {"module": f"{_LAYER}.self_attn.o_proj", "input": True},
+    "layer.{layer}.o_proj": f"{_LAYER}.self_attn.o_proj",
+    "layer.{layer}.post_norm": f"{_LAYER}.post_attention_layernorm",
+    **{
+        f"layer.{{layer}}.{expert}.{name}": {"module": f"{_LAYER}.{expert}.{module}", "input": name == "act"}
+        for expert in ("mlp", "gen_mlp")
+        for name, module in (("gate", "gate_proj"), ("up", "up_proj"), ("act", "down_proj"), ("down", "down_proj"))
+    },
+    "layer.{layer}.moe": f"{_LAYER}.moe",
+    "layer.{layer}.out": _LAYER,
+    "final_norm": "model.norm",
+    "lm_head": "lm_head",
+    "gen_head": "gen_head",
+}
+
 
 @dataclass(frozen=True)
 class MoESite:
@@ -54,6 +80,7 @@ class ReferenceARAdapter:
     name = "reference"
     supports_capture = False
     capture = capture
+    stage_map = STAGE_MAP
 
     def __init__(self, module: MammothModa2ForCausalLM) -> None:
         self.module = module.eval().requires_grad_(False)

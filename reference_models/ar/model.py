@@ -101,6 +101,16 @@ def apply_rotary_pos_emb(
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
+class ApplyRotary(nn.Module):
+    """`apply_rotary_pos_emb` as a module without weights: a stage point the harness taps (q and
+    k after RoPE, docs/localise.md §2); the checkpoint and the numbers are upstream's."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+
 # ----------------------------------------------------------------------------------------------
 # Attention (GQA, q/k/v bias, causal) and the SwiGLU expert
 # ----------------------------------------------------------------------------------------------
@@ -128,6 +138,7 @@ class Qwen2Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=True)
         self.v_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=True)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self.rotary = ApplyRotary()
 
     def forward(
         self,
@@ -139,7 +150,7 @@ class Qwen2Attention(nn.Module):
         q = self.q_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
+        q, k = self.rotary(q, k, *position_embeddings)
 
         k = repeat_kv(k, self.num_key_value_groups)
         v = repeat_kv(v, self.num_key_value_groups)
@@ -202,6 +213,20 @@ def moe_forward(
     return merged.view(bsz, q_len, -1)
 
 
+class MoERoute(nn.Module):
+    """`moe_forward` as a module without weights: a stage point the harness taps (the und/gen
+    blend, docs/localise.md §2); the experts stay the layer's own `mlp` and `gen_mlp`."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        und_expert: nn.Module,
+        gen_expert: nn.Module | None,
+        gen_token_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        return moe_forward(hidden_states, und_expert, gen_expert, gen_token_mask)
+
+
 # ----------------------------------------------------------------------------------------------
 # Decoder layer and text model
 # ----------------------------------------------------------------------------------------------
@@ -220,6 +245,7 @@ class MammothModa2DecoderLayer(nn.Module):
         self.mlp = Qwen2MLP(config)
         self.moe_enable = config.moe_enabled("ffn", layer_idx)
         self.gen_mlp = Qwen2MLP(config) if self.moe_enable else None
+        self.moe = MoERoute()
         self.input_layernorm = Qwen2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -237,7 +263,7 @@ class MammothModa2DecoderLayer(nn.Module):
         residual = hidden_states
         hidden_states = self.post_attention_layernorm(hidden_states)
         gen_token_mask = gen_token_mask if self.moe_enable else None
-        hidden_states = moe_forward(hidden_states, self.mlp, self.gen_mlp, gen_token_mask)
+        hidden_states = self.moe(hidden_states, self.mlp, self.gen_mlp, gen_token_mask)
         return residual + hidden_states
 
 

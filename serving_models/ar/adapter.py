@@ -132,10 +132,49 @@ class traceable_method:
         return self.fn if obj is None else functools.partial(self.fn, obj)
 
 
+# Where each stage of parity's AR vocabulary is in this model (paths under `module`): fused q|k|v
+# and gate|up are split into the reference's widths; q is rotated by `rope` in a full forward and
+# inside the cache-write kernel in a decode step (the first of the two that ran is read).
+_LAYER = "ar.language_model.model.layers.{layer}"
+_ROPE = {"module": f"{_LAYER}.self_attn.rope", "layout": "heads", "split": ["layer.{layer}.q_rope", "layer.{layer}.k_rope"]}
+STAGE_MAP = {
+    "embed": {"module": "ar.language_model.model.layers.0", "input": True},
+    "layer.{layer}.input_norm": f"{_LAYER}.input_layernorm",
+    **{
+        f"layer.{{layer}}.{part}": {"module": f"{_LAYER}.self_attn.qkv_proj", "split": [f"layer.{{layer}}.{p}" for p in "qkv"]}
+        for part in "qkv"
+    },
+    "layer.{layer}.q_rope": [_ROPE, {"module": f"{_LAYER}.self_attn.rope_cache_write", "layout": "heads"}],
+    "layer.{layer}.k_rope": _ROPE,
+    "layer.{layer}.attn": {"module": f"{_LAYER}.self_attn.o_proj", "input": True},
+    "layer.{layer}.o_proj": f"{_LAYER}.self_attn.o_proj",
+    "layer.{layer}.post_norm": f"{_LAYER}.post_attention_layernorm",
+    **{
+        f"layer.{{layer}}.{expert}.{part}": {
+            "module": f"{_LAYER}.{expert}.gate_up_proj",
+            "split": [f"layer.{{layer}}.{expert}.gate", f"layer.{{layer}}.{expert}.up"],
+        }
+        for expert in ("mlp", "gen_mlp")
+        for part in ("gate", "up")
+    },
+    **{
+        f"layer.{{layer}}.{expert}.act": {"module": f"{_LAYER}.{expert}.down_proj", "input": True}
+        for expert in ("mlp", "gen_mlp")
+    },
+    **{f"layer.{{layer}}.{expert}.down": f"{_LAYER}.{expert}.down_proj" for expert in ("mlp", "gen_mlp")},
+    "layer.{layer}.moe": f"{_LAYER}.experts",
+    "layer.{layer}.out": _LAYER,
+    "final_norm": "ar.language_model.model.norm",
+    "lm_head": "ar.language_model.lm_head",
+    "gen_head": "ar.language_model.gen_head",
+}
+
+
 class ServingARAdapter:
     name = "serving"
     supports_capture = True
     capture = capture
+    stage_map = STAGE_MAP
 
     decode_graph_keys = ar_runner.DECODE_GRAPH_KEYS
 

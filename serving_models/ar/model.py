@@ -112,6 +112,24 @@ def negate_first_half(sin: torch.Tensor) -> torch.Tensor:
 apply_rotary = kernels.rotate_half_torch
 
 
+class Rotary(nn.Module):
+    """`apply_rotary` as a module without weights, so the rotated heads are a tap point (parity's
+    stage map: q and k after RoPE); `x` `[B, L, heads, D]`."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        return apply_rotary(x, cos, sin_signed)
+
+
+class RotaryCacheWrite(nn.Module):
+    """`kernels.rope_and_cache_write` as a module without weights (the rotated q it returns is a
+    tap point; one kernel on CUDA)."""
+
+    def forward(
+        self, qkv: torch.Tensor, attn: AttentionInputs, key_cache: torch.Tensor, value_cache: torch.Tensor, heads: int
+    ) -> torch.Tensor:
+        return kernels.rope_and_cache_write(qkv, attn.cos, attn.sin_signed, attn.positions, key_cache, value_cache, heads)
+
+
 # ----------------------------------------------------------------------------------------------
 # Fused linear and the static KV cache
 # ----------------------------------------------------------------------------------------------
@@ -212,6 +230,8 @@ class MammothModa2Attention(nn.Module):
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.rope = Rotary()
+        self.rope_cache_write = RotaryCacheWrite()
 
     def forward(self, hidden_states: torch.Tensor, attn: AttentionInputs) -> torch.Tensor:
         bsz, q_len, _ = hidden_states.shape
@@ -232,12 +252,14 @@ class MammothModa2Attention(nn.Module):
         if self.q_norm is None:
             # q and k are adjacent columns of the fused projection: one RoPE pass rotates both
             qk = qkv[..., : (heads + kv_heads) * dim].view(bsz, q_len, heads + kv_heads, dim)
-            qk = apply_rotary(qk, attn.cos, attn.sin_signed)
+            qk = self.rope(qk, attn.cos, attn.sin_signed)
             q, k = qk[:, :, :heads], qk[:, :, heads:]
         else:
             q, k, _ = qkv.split(self.qkv_proj.output_sizes, dim=-1)
-            q = apply_rotary(self.q_norm(q.view(bsz, q_len, heads, dim)), attn.cos, attn.sin_signed)
-            k = apply_rotary(self.k_norm(k.view(bsz, q_len, kv_heads, dim)), attn.cos, attn.sin_signed)
+            q = self.q_norm(q.view(bsz, q_len, heads, dim))
+            k = self.k_norm(k.view(bsz, q_len, kv_heads, dim))
+            qk = self.rope(torch.cat((q, k), dim=2), attn.cos, attn.sin_signed)  # one tap point for both
+            q, k = qk[:, :, :heads], qk[:, :, heads:]
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def rotate_into_cache(self, qkv: torch.Tensor, attn: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -247,7 +269,7 @@ class MammothModa2Attention(nn.Module):
         assert cache is not None
         if self.q_norm is None:
             keys, values = cache.key[self.layer_idx], cache.value[self.layer_idx]
-            q = kernels.rope_and_cache_write(qkv, attn.cos, attn.sin_signed, attn.positions, keys, values, self.num_heads)
+            q = self.rope_cache_write(qkv, attn, keys, values, self.num_heads)
             return q.transpose(1, 2), keys, values
         q, k, v = self.rotate(qkv, attn)
         keys, values = cache.update(self.layer_idx, k, v, attn.positions)
@@ -376,6 +398,24 @@ def moe_dispatch(
     return moe_eager(hidden_states, und_expert, gen_expert, gen_token_mask)
 
 
+class ExpertDispatch(nn.Module):
+    """`moe_dispatch` as a module without weights, so each layer's expert output is a tap point
+    (parity's stage map: the und/gen blend); the experts stay the layer's `mlp` and `gen_mlp`."""
+
+    def __init__(self, layer_name: str) -> None:
+        super().__init__()
+        self.layer_name = layer_name
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        und_expert: nn.Module,
+        gen_expert: nn.Module | None,
+        gen_token_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        return moe_dispatch(hidden_states, und_expert, gen_expert, gen_token_mask, self.layer_name)
+
+
 def poison_gen_tokens(hidden_states: torch.Tensor, gen_token_mask: torch.Tensor | None) -> torch.Tensor:
     """NaN on every gen token of a forward keyed und-only: graph-safe (no host read), so a broken
     host promise gives non-finite logits instead of gen tokens silently served by the und expert."""
@@ -410,6 +450,7 @@ class MammothModa2DecoderLayer(nn.Module):
         self.mlp = SwiGLUMLP(config)
         self.moe_enable = ar_config.moe_enable(config.moe_type, "ffn", layer_idx)
         self.gen_mlp = SwiGLUMLP(config) if self.moe_enable else None
+        self.experts = ExpertDispatch(self.layer_name)
 
     def forward(
         self, hidden_states: torch.Tensor, attn: AttentionInputs, gen_token_mask: torch.Tensor | None, und_only: bool = False
@@ -421,7 +462,7 @@ class MammothModa2DecoderLayer(nn.Module):
         if und_only:
             return hidden_states + self.mlp(x)
         mask = gen_token_mask if self.moe_enable else None
-        return hidden_states + moe_dispatch(x, self.mlp, self.gen_mlp, mask, self.layer_name)
+        return hidden_states + self.experts(x, self.mlp, self.gen_mlp, mask)
 
 
 class Mammoth3DecoderLayer(MammothModa2DecoderLayer):

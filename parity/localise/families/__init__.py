@@ -1,0 +1,1 @@
+"""Each family's stage vocabulary, one module per family (`VOCABULARY` in each)."""

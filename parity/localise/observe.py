@@ -1,0 +1,181 @@
+"""Recording stage values on one side: resolve a stage map against a built model, tap it, read the taps.
+
+Module taps are forward hooks (`parity.observe.taps.TapSet`), so they record in every execution
+mode a runner offers; function taps (`Call`) replace a module-level function for the duration of
+one eager run. A tapped module or function called more than once in the run gives its calls
+stacked along the first dimension (the reference router's per-row calls become one table).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from parity.localise.stages import Call, StageMap, Tap, Vocabulary, Where, alternatives, parse_map, sites_of
+from parity.observe.taps import Taps, TapSet
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A stage map bound to one model: the declaration behind every site it observes."""
+
+    sites: dict[str, tuple[Where, ...]]  # site ("layer.0.q") -> its declarations, the paths' {layer} filled in
+    undeclared: tuple[str, ...]  # stage keys of the vocabulary the map does not name
+    layers: int
+
+    def modules(self, root: nn.Module) -> dict[str, nn.Module]:
+        """Module path -> module, one entry per tapped module (what a runner's `taps=` takes)."""
+        return {w.path: root.get_submodule(w.path) for ws in self.sites.values() for w in ws if isinstance(w, Tap)}
+
+    def functions(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(w.function for ws in self.sites.values() for w in ws if isinstance(w, Call)))
+
+
+def _has(root: nn.Module, path: str) -> bool:
+    try:
+        root.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def _function_exists(spec: str) -> bool:
+    module_name, _, name = spec.partition(":")
+    try:
+        return callable(getattr(importlib.import_module(module_name), name, None))
+    except ImportError:
+        return False
+
+
+def resolve(root: nn.Module | None, stage_map: StageMap, vocabulary: Vocabulary, layers: int) -> Resolved:
+    """Bind `stage_map` to `root`: a per-layer declaration whose module is absent on a layer
+    (the gen expert of a layer without one) gives no site there."""
+    stage_map, _ = parse_map(stage_map, who="stage_map")  # its problems are check-target's to report
+    sites: dict[str, tuple[Where, ...]] = {}
+    for site, stage, layer in vocabulary.chain(layers):
+        declaration = stage_map.get(vocabulary.key(stage))
+        if declaration is None:
+            continue
+        bound = []
+        for where in alternatives(declaration):
+            if isinstance(where, Tap):
+                path = sites_of(where.path, layer)
+                if root is None or not _has(root, path):
+                    continue
+                split = tuple(sites_of(s, layer) for s in where.split)
+                where = Tap(path, where.output, where.input, where.layout, split, sites_of(where.part, layer))
+            bound.append(where)
+        if bound:
+            sites[site] = tuple(bound)
+    undeclared = tuple(k for k in vocabulary.keys() if k not in stage_map)  # noqa: SIM118 (a method, not a dict)
+    return Resolved(sites, undeclared, layers)
+
+
+def missing_paths(root: nn.Module | None, stage_map: StageMap, layers: int, *, who: str) -> list[str]:
+    """A declared module that exists on no layer, or a function that cannot be imported: one line each."""
+    problems = []
+    stage_map, _ = parse_map(stage_map, who=who)
+    for key, declaration in stage_map.items():
+        for where in alternatives(declaration):
+            if isinstance(where, Call) and not _function_exists(where.function):
+                problems.append(f"{who}: stage_map[{key!r}] names function {where.function!r}, which cannot be imported")
+            if not isinstance(where, Tap):
+                continue
+            paths = [sites_of(where.path, layer) for layer in range(max(layers, 1))] if "{layer}" in where.path else [where.path]
+            if root is None or not any(_has(root, p) for p in paths):
+                problems.append(f"{who}: stage_map[{key!r}] names module {where.path!r}, which the model does not have")
+    return problems
+
+
+@contextlib.contextmanager
+def recording_functions(specs: tuple[str, ...]) -> Iterator[dict[str, list[tuple[Any, Any]]]]:
+    """Replace each `package.module:function` by a recorder of (first argument, result) while inside."""
+    store: dict[str, list[tuple[Any, Any]]] = {spec: [] for spec in specs}
+    originals = []
+    for spec in specs:
+        module_name, _, name = spec.partition(":")
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+
+        def recorder(*args: Any, _original: Callable = original, _calls: list = store[spec], **kwargs: Any) -> Any:
+            result = _original(*args, **kwargs)
+            first = args[0] if args else next(iter(kwargs.values()), None)
+            _calls.append((_copy(first), _copy(result)))
+            return result
+
+        originals.append((module, name, original))
+        setattr(module, name, recorder)
+    try:
+        yield store
+    finally:
+        for module, name, original in reversed(originals):
+            setattr(module, name, original)
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_copy(v) for v in value) if not hasattr(value, "_fields") else type(value)(*(_copy(v) for v in value))
+    return value
+
+
+def _pick(call: tuple[Any, Any], where: Where) -> Any:
+    value = call[0] if where.input else call[1]
+    if where.output is not None and not where.input:
+        value = value[where.output]
+    if not isinstance(value, torch.Tensor):
+        value = torch.as_tensor(value)
+    if where.layout == "heads_first":  # [B, H, L, D] -> [B, L, H * D]
+        b, h, length, d = value.shape
+        value = value.transpose(1, 2).reshape(b, length, h * d)
+    elif where.layout == "heads":  # [B, L, H, D] -> [B, L, H * D]
+        value = value.flatten(-2)
+    return value
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A site's value (calls stacked along dim 0) and the declaration it came from."""
+
+    value: torch.Tensor
+    where: Where
+
+
+def stage_values(
+    resolved: Resolved, module_taps: Taps | Mapping[str, list], function_calls: Mapping[str, list]
+) -> dict[str, Recorded | None]:
+    """Site -> what it recorded (the first of its declarations the run called), or None."""
+    values: dict[str, Recorded | None] = {}
+    for site, declarations in resolved.sites.items():
+        values[site] = None
+        for where in declarations:
+            if isinstance(where, Tap):
+                calls = [(c.input, c.output) if hasattr(c, "output") else c for c in module_taps.get(where.path, [])]
+            else:
+                calls = list(function_calls.get(where.function, []))
+            if calls:
+                picked = [_pick(call, where) for call in calls]
+                value = (
+                    picked[0] if len(picked) == 1 else torch.cat([p.reshape(1, *p.shape) if p.dim() == 0 else p for p in picked])
+                )
+                values[site] = Recorded(value, where)
+                break
+    return values
+
+
+def observe_eager(root: nn.Module | None, resolved: Resolved, run: Callable[[], Any]) -> tuple[Any, dict[str, Recorded | None]]:
+    """Run `run()` eagerly with every site of `resolved` tapped; its output and the site values."""
+    taps = TapSet(resolved.modules(root) if root is not None else {})
+    try:
+        with recording_functions(resolved.functions()) as calls, torch.no_grad():
+            output = run()
+        return output, stage_values(resolved, taps.snapshot(), calls)
+    finally:
+        taps.remove()

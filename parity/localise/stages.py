@@ -1,0 +1,240 @@
+"""Stages: the named steps of a model family's computation, and how a target says where each one is.
+
+A gate row says *that* a layer diverges; the stages say *where inside it*. Each family has one
+vocabulary of stages in execution order (`VOCABULARY`), each stage naming the stages whose
+outputs it reads. The reference declares, for every stage, which of its modules (or functions)
+produces it; a target declares the same in its adapter's `stage_map`. A stage a target does not
+declare is reported "not observable", never guessed (docs/localise.md §1).
+
+A declaration is a `Tap`: a module path under the adapter's `module` (hooked in every execution
+mode, the way `parity.observe.taps` records), optionally with `{layer}` in it, reading the
+module's output (or one element of a tuple output, or its first input), or a `Call` of a
+module-level function (recorded in eager runs only). A fused module declares several stages at
+once: `fused("model.layers.{layer}.self_attn.qkv_proj", "q", "k", "v")` splits its output's last
+dimension into the widths the reference's own q, k and v have in this run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Layout = Literal["tokens", "heads", "heads_first"]
+Rows = Literal["all", "und", "gen"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a family's computation. `inputs` are the stages whose outputs it reads (a name
+    of this layer, or `prev:<name>` for the previous layer's stage, which at layer 0 is the
+    family's `entry`); `rows`: which tokens the stage sees (an expert sees only its own)."""
+
+    name: str
+    what: str
+    inputs: tuple[str, ...] = ()
+    per_layer: bool = False
+    rows: Rows = "all"
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """A family's stages in execution order; per-layer stages repeat for every layer in between
+    the stages before and after them."""
+
+    family: str
+    stages: tuple[Stage, ...]
+    entry: str  # what `prev:` means at layer 0
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.family}: duplicate stage names in {names}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.stages)
+
+    def stage(self, name: str) -> Stage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def key(self, stage: Stage) -> str:
+        """How a stage map spells it: `layer.{layer}.q` for a per-layer stage, else its name."""
+        return f"layer.{{layer}}.{stage.name}" if stage.per_layer else stage.name
+
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self.key(s) for s in self.stages)
+
+    def chain(self, layers: int) -> list[tuple[str, Stage, int | None]]:
+        """(site, stage, layer) in execution order for a model of `layers` layers."""
+        before = [s for s in self.stages if not s.per_layer and self.stages.index(s) < self._first_layer_stage()]
+        after = [s for s in self.stages if not s.per_layer and s not in before]
+        per_layer = [s for s in self.stages if s.per_layer]
+        out: list[tuple[str, Stage, int | None]] = [(s.name, s, None) for s in before]
+        for layer in range(layers):
+            out += [(f"layer.{layer}.{s.name}", s, layer) for s in per_layer]
+        out += [(s.name, s, None) for s in after]
+        return out
+
+    def _first_layer_stage(self) -> int:
+        for i, s in enumerate(self.stages):
+            if s.per_layer:
+                return i
+        return len(self.stages)
+
+    def input_sites(self, stage: Stage, layer: int | None, layers: int) -> list[str]:
+        """The sites `stage` at `layer` reads, spelt as `chain` spells them."""
+        sites = []
+        for name in stage.inputs:
+            if name.startswith("prev:"):
+                prev = name.removeprefix("prev:")
+                sites.append(self.entry if not layer else f"layer.{layer - 1}.{prev}")
+            elif name.startswith("last:"):
+                sites.append(f"layer.{layers - 1}.{name.removeprefix('last:')}" if layers else self.entry)
+            elif layer is not None and self.stage(name).per_layer:
+                sites.append(f"layer.{layer}.{name}")
+            else:
+                sites.append(name)
+        return sites
+
+
+@dataclass(frozen=True)
+class Tap:
+    """Where a stage's value is read: module `path` under the adapter's `module` (`{layer}` is
+    replaced by the layer index), its output, element `output` of a tuple output, or with
+    `input=True` its first input. `layout`: "tokens" `[..., features]`, "heads" `[batch, tokens, heads,
+    dim]`, "heads_first" `[batch, heads, tokens, dim]` (both read as features `heads * dim`).
+    `split`/`part`: a fused output whose last dimension holds the stages `split`, this is `part`."""
+
+    path: str
+    output: int | None = None
+    input: bool = False
+    layout: Layout = "tokens"
+    split: tuple[str, ...] = ()
+    part: str = ""
+
+    @property
+    def kind(self) -> str:
+        return "module"
+
+
+@dataclass(frozen=True)
+class Call:
+    """A stage produced by a module-level function, `package.module:function`: its return value
+    (element `output` of a tuple) or, with `input=True`, its first argument. Recorded in eager runs
+    only (a function is patched for the duration of the run, which a graph cannot see)."""
+
+    function: str
+    output: int | None = None
+    input: bool = False
+    layout: Layout = "tokens"
+    split: tuple[str, ...] = field(default=())
+    part: str = ""
+
+    @property
+    def kind(self) -> str:
+        return "function"
+
+    @property
+    def path(self) -> str:
+        return self.function
+
+
+Where = Tap | Call
+
+
+def fused(path: str, *stages: str, layout: Layout = "tokens", output: int | None = None) -> dict[str, Tap]:
+    """Declarations for a fused module: `fused("...qkv_proj", "layer.{layer}.q", "layer.{layer}.k",
+    "layer.{layer}.v")` reads one output and splits its last dimension into the reference's widths
+    of those stages, in this order."""
+    names = tuple(stages)
+    return {name: Tap(path, output=output, layout=layout, split=names, part=name) for name in names}
+
+
+# A stage may be declared as several alternatives: the first one the run called is read (a decode
+# step that rotates q inside a fused cache-write kernel, a prefill that rotates it in a module).
+Declaration = Where | tuple[Where, ...]
+StageMap = Mapping[str, Declaration]
+
+
+def alternatives(declaration: Declaration) -> tuple[Where, ...]:
+    return declaration if isinstance(declaration, tuple) else (declaration,)
+
+
+_OPTIONS = {"output", "input", "layout", "split", "part"}
+
+
+def _parse_one(key: str, raw: object, who: str) -> Where | str:
+    """A declaration in plain data, as a model package that imports nothing from parity writes it:
+    a module path (its output), or a dict with `module` or `function` and the `Tap` options."""
+    if isinstance(raw, (Tap, Call)):
+        return raw
+    if isinstance(raw, str):
+        return Tap(raw)
+    if not isinstance(raw, Mapping):
+        return f"{who}: stage_map[{key!r}] must be a module path, a dict, a Tap or a Call, got {type(raw).__name__}"
+    heads = [k for k in ("module", "function") if k in raw]
+    unknown = sorted(set(raw) - _OPTIONS - {"module", "function"})
+    if len(heads) != 1 or unknown:
+        why = f"unknown keys {unknown}" if unknown else "exactly one of 'module' or 'function'"
+        return f"{who}: stage_map[{key!r}]: a declaration dict needs {why} (options: {', '.join(sorted(_OPTIONS))})"
+    options = {k: (tuple(v) if k == "split" else v) for k, v in raw.items() if k in _OPTIONS}
+    if options.get("split") and not options.get("part"):
+        options["part"] = key  # a fused declaration written under the stage it gives
+    return Tap(raw["module"], **options) if heads == ["module"] else Call(raw["function"], **options)
+
+
+def parse_map(raw: object, *, who: str) -> tuple[dict[str, Declaration], list[str]]:
+    """The declarations of `raw` (a target's `stage_map`) and what is wrong with its form."""
+    if not isinstance(raw, Mapping):
+        return {}, [f"{who}: stage_map must be a mapping of stage name to declaration, got {type(raw).__name__}"]
+    parsed: dict[str, Declaration] = {}
+    problems = []
+    for key, value in raw.items():
+        items = value if isinstance(value, (list, tuple)) and not isinstance(value, str) else (value,)
+        declared = [_parse_one(key, item, who) for item in items]
+        problems += [d for d in declared if isinstance(d, str)]
+        wheres = tuple(d for d in declared if not isinstance(d, str))
+        if wheres:
+            parsed[key] = wheres if len(wheres) > 1 else wheres[0]
+    return parsed, problems
+
+
+def map_problems(vocabulary: Vocabulary, stage_map: object, *, who: str) -> list[str]:
+    """What is wrong with a declared map, one line each (the module paths are checked against a
+    built model by `parity.localise.observe.missing_paths`)."""
+    stage_map, problems = parse_map(stage_map, who=who)
+    known = set(vocabulary.keys())
+    for key, declaration in stage_map.items():
+        if key not in known:
+            near = [k for k in known if k.rsplit(".", 1)[-1] == str(key).rsplit(".", 1)[-1]]
+            hint = (
+                f" (did you mean {near[0]!r}?)"
+                if near
+                else f"; the {vocabulary.family} stages are {', '.join(vocabulary.keys())}"
+            )
+            problems.append(f"{who}: stage_map names unknown stage {key!r}{hint}")
+            continue
+        for where in alternatives(declaration):
+            problems += _declaration_problems(key, where, who)
+    return problems
+
+
+def _declaration_problems(key: str, where: object, who: str) -> list[str]:
+    problems = []
+    if not isinstance(where, (Tap, Call)):
+        return [f"{who}: stage_map[{key!r}] must be a Tap or a Call (or a tuple of them), got {type(where).__name__}"]
+    if where.split and (key not in where.split or where.part != key):
+        problems.append(f"{who}: stage_map[{key!r}] splits {where.path} into {where.split} but is part {where.part!r}")
+    if isinstance(where, Call) and (where.function.count(":") != 1):
+        problems.append(f"{who}: stage_map[{key!r}]: Call needs 'package.module:function', got {where.function!r}")
+    if where.layout not in ("tokens", "heads", "heads_first"):
+        problems.append(f"{who}: stage_map[{key!r}]: layout {where.layout!r} is not one of tokens, heads, heads_first")
+    return problems
+
+
+def sites_of(key: str, layer: int | None) -> str:
+    return key.replace("{layer}", str(layer)) if layer is not None else key
