@@ -64,6 +64,10 @@ class Mutant:
     # True: its change reaches what `parity/suites/sensitivity/isolation.py` cannot put back (torch
     # itself, state mutated in place), so it runs in a process of its own, never in a batch
     isolated: bool = False
+    # The stage a localisation must name for it (a site of the family's stage vocabulary,
+    # docs/localise.md), or, in `stage_note`, why its defect sits in no single stage
+    stage: str = ""
+    stage_note: str = ""
 
     @property
     def group(self) -> str:
@@ -114,12 +118,14 @@ def mutant(
     cuda: tuple[str, ...] | Kill | NotApplicable | None = None,
     family: str = "",
     isolated: bool = False,
+    stage: str = "",
+    stage_note: str = "",
 ) -> Callable:
     """Register the decorated function as the run-time change of mutant `name`."""
 
     def register(apply: Callable[[], None]) -> Callable[[], None]:
         spec = f"{apply.__module__}:mutant_{name.replace('-', '_')}"
-        CATALOGUE[name] = Mutant(name, defect, suite, spec, _lanes(tests, cuda), family, isolated)
+        CATALOGUE[name] = Mutant(name, defect, suite, spec, _lanes(tests, cuda), family, isolated, stage, stage_note)
         _APPLY[name] = apply
         return apply
 
@@ -136,9 +142,11 @@ def external(
     cuda: tuple[str, ...] | Kill | NotApplicable | None = None,
     family: str = "",
     isolated: bool = False,
+    stage: str = "",
+    stage_note: str = "",
 ) -> None:
     """A mutant whose factory lives in a family module (parity/suites/dit/mutants.py, parity/suites/routing/mutants.py)."""
-    CATALOGUE[name] = Mutant(name, defect, suite, target, _lanes(tests, cuda), family, isolated)
+    CATALOGUE[name] = Mutant(name, defect, suite, target, _lanes(tests, cuda), family, isolated, stage, stage_note)
 
 
 def serving_target_with(name: str) -> Any:
