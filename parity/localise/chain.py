@@ -61,6 +61,7 @@ class Chain:
     compared: str  # what was compared: the case, the mode, the rows and positions
     stages: list[StageError] = field(default_factory=list)
     blamed: StageError | None = None
+    widths: dict[str, int] = field(default_factory=dict)  # the reference's feature width per site (a fused split's parts)
 
     def stage(self, site: str) -> StageError | None:
         return next((s for s in self.stages if s.site == site), None)
@@ -194,6 +195,7 @@ def build_chain(
             continue  # no compared token reaches this stage (an expert no token of the case takes)
         status, value, bound, note = _compare(stage, *sides, site)
         chain.stages.append(StageError(site, stage.name, layer, status, value, bound, note or stage.what, inputs))
+    chain.widths = {**widths, **_widths_of(reference, tuple(reference.values))}
     chain.blamed = _blame(chain)
     if chain.blamed is not None:
         blamed = chain.blamed

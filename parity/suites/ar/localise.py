@@ -8,12 +8,15 @@ inputs are within bound (docs/localise.md).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from parity.localise.chain import Chain, Side, build_chain
 from parity.localise.observe import Resolved, observe_eager, resolve, stage_values
+from parity.localise.repro import StageSource, write_repro
+from parity.localise.rows import write_chain
 from parity.localise.vocabulary import vocabulary
 from parity.runners import make_runner
 from parity.suites.ar.support import ARModels
@@ -100,3 +103,20 @@ def localise_decode_step(
         golden=Side(golden_values, gen, keep),
         compared=compared,
     )
+
+
+def explain_forward(models: ARModels, ids: torch.Tensor, mode: str, report: Any, run_dir: Path, *, case: str) -> Chain:
+    """A failing numerics case: its stage chain in the failing mode, the blamed stage's repro, the rows."""
+    compared = f"{case} {mode}: every token of ids {tuple(ids.shape)}, {models.dtype} vs the fp64 golden"
+    chain = localise_forward(models, ids, mode, compared=compared)
+    target_map, reference_map, _ = stage_maps(models)
+    repro = write_repro(
+        run_dir,
+        chain,
+        case=case,
+        mode=mode,
+        target=StageSource(models.target.module, target_map, lambda: models.target.forward(ids)),
+        reference=StageSource(models.reference.module, reference_map, lambda: models.reference.forward(ids)),
+    )
+    write_chain(report, chain, case=case, mode=mode, repro=repro)
+    return chain

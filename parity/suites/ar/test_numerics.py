@@ -17,6 +17,7 @@ import torch
 
 from parity.compare import EXACTLY, better_of, count_rule, diff, noise_floor_multiplier
 from parity.runners import make_runner
+from parity.suites.ar.localise import explain_forward
 from parity.suites.ar.support import PROMPTS, TOL, Prompt, ids_of, judge, moe_taps, skip_full_size_compile
 from parity.suites.conftest import require_graph_support
 
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.parity_suite("numerics"), pytest.mark.parity_keep_comp
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))
-def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_models, report) -> None:
+def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_models, report, run_dir) -> None:
     models = ar_models
     require_graph_support(models.target, mode)
     skip_full_size_compile(models, mode)
@@ -77,6 +78,8 @@ def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_m
         value=0 if first is None else 1,
         detail=f"first diverging: {first}" if first else "no layer diverged beyond tolerance",
     )
+    if first is not None:  # which stage inside the layer: re-run the case with stage taps (docs/localise.md)
+        explain_forward(models, ids, mode, report, run_dir, case=prompt.name)
 
 
 def _worst_row(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[int, ...]:

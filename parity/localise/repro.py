@@ -1,0 +1,249 @@
+"""A standalone repro of the stage a chain blamed: both sides' stage computation, inputs and weights.
+
+`write_repro` re-runs each side once, eagerly, catching the full call of the blamed stage's
+computation: the declared module itself for an output tap, the module around it for an input tap
+(the attention module computes o_proj's input), the function for a `Call`. It writes, under
+`repro/<case>/` in the run directory:
+
+* `weights.safetensors`: the parameters and buffers of every module the calls hold,
+* `inputs.safetensors`: every tensor of the calls' arguments,
+* `calls.pt`: the calls' structure with each tensor replaced by its key (modules on the meta
+  device, classes by reference: the model packages must be importable, as they are where parity
+  and the target are installed),
+* `repro.py`: `python repro.py` rebuilds both calls, runs them, and prints both outputs, their
+  error and the bound an fp64 run of the reference's side gives (`parity.localise.replay`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import importlib
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from parity.localise.chain import Chain
+from parity.localise.observe import Resolved
+from parity.localise.stages import Call, Tap, Where
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A tensor of a call, stored in `inputs.safetensors` under `key`."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class ModuleRef:
+    """A module of a call on the meta device; its tensors are in `weights.safetensors` under `prefix`."""
+
+    module: nn.Module
+    prefix: str
+
+
+@dataclass(frozen=True)
+class StageSource:
+    """One side, as the localiser ran it: its root module, its bound stage map and how to run the case."""
+
+    root: nn.Module | None
+    resolved: Resolved
+    run: Callable[[], Any]
+
+
+@dataclass
+class CapturedCall:
+    """The blamed stage's computation on one side: what to call, with what, and what to read."""
+
+    fn: Any  # an nn.Module, or a "package.module:function" spec
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    read: dict[str, Any]  # how the stage's value comes out: {"output": i | None, "child": path | None, "layout", "split", "part"}
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, nn.Module):
+        return value  # a module argument (an expert handed to the dispatch) is saved with its weights
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_clone(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _clone(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init})
+    return value
+
+
+def _computing_module(root: nn.Module, where: Tap) -> tuple[str, str | None] | None:
+    """(path of the module to run, path of the child whose input is the stage) for a Tap."""
+    if not where.input:
+        return where.path, None
+    parts = where.path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        parent = ".".join(parts[:cut])
+        module = root.get_submodule(parent)
+        if type(module).forward is not nn.Module.forward and not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            return parent, ".".join(parts[cut:])
+    return None
+
+
+@contextlib.contextmanager
+def _catching(root: nn.Module | None, where: Where) -> Iterator[dict[str, Any]]:
+    """Catch the last call of the stage's computation while inside."""
+    caught: dict[str, Any] = {}
+    if isinstance(where, Call):
+        module_name, _, name = where.function.partition(":")
+        owner = importlib.import_module(module_name)
+        original = getattr(owner, name)
+
+        def recorder(*args: Any, **kwargs: Any) -> Any:
+            caught.update(fn=where.function, args=_clone(args), kwargs=_clone(kwargs), child=None)
+            return original(*args, **kwargs)
+
+        setattr(owner, name, recorder)
+        try:
+            yield caught
+        finally:
+            setattr(owner, name, original)
+        return
+    assert root is not None
+    located = _computing_module(root, where)
+    if located is None:
+        yield caught
+        return
+    path, child = located
+    module = root.get_submodule(path)
+
+    def pre_hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        caught.update(fn=module, args=_clone(args), kwargs=_clone(kwargs), child=child, path=path)
+
+    handle = module.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    try:
+        yield caught
+    finally:
+        handle.remove()
+
+
+def capture(source: StageSource, site: str) -> CapturedCall | str:
+    """Run the side once and catch the blamed site's computation (a reason string if it cannot)."""
+    declarations = source.resolved.sites.get(site)
+    if not declarations:
+        return f"{site} is not declared on this side"
+    for where in declarations:
+        with _catching(source.root, where) as caught, torch.no_grad():
+            source.run()
+        if caught:
+            read = {"output": where.output, "input": where.input, "child": caught["child"], "layout": where.layout}
+            read.update(split=list(where.split), part=where.part)
+            return CapturedCall(caught["fn"], caught["args"], caught["kwargs"], read)
+    return f"no declaration of {site} ran ({', '.join(w.path for w in declarations)})"
+
+
+def _strip(value: Any, tensors: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], key: str) -> Any:
+    """`value` with every tensor replaced by a `TensorRef` and every module by a meta `ModuleRef`."""
+    if isinstance(value, nn.Module):
+        prefix = f"{key}."
+        for name, tensor in list(value.state_dict(keep_vars=False).items()):
+            weights[prefix + name] = tensor.detach().to("cpu").contiguous()
+        skeleton = copy.deepcopy(value).to("meta")
+        for sub in skeleton.modules():  # the harness's taps and anything else hooked stay behind
+            for hooks in (
+                sub._forward_hooks,
+                sub._forward_pre_hooks,
+                sub._forward_hooks_with_kwargs,
+                sub._forward_pre_hooks_with_kwargs,
+            ):
+                hooks.clear()
+        return ModuleRef(skeleton, prefix)
+    if isinstance(value, torch.Tensor):
+        tensors[key] = value.detach().to("cpu").contiguous()
+        return TensorRef(key)
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_strip(v, tensors, weights, f"{key}.{i}") for i, v in enumerate(value))
+    if isinstance(value, dict):
+        return {k: _strip(v, tensors, weights, f"{key}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {
+            f.name: _strip(getattr(value, f.name), tensors, weights, f"{key}.{f.name}")
+            for f in dataclasses.fields(value)
+            if f.init
+        }
+        return dataclasses.replace(value, **fields)
+    return value
+
+
+def case_directory(case: str, mode: str) -> str:
+    """`repro/<case>-<mode>`, spelt for any file system."""
+    return "repro/" + re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{case}-{mode}")
+
+
+REPRO_PY = '''"""Repro of {case} ({mode}): stage {site}.
+
+{summary}
+
+Written by parity; run `python repro.py` (add `--device cuda` to run on a GPU). It needs parity and
+the model packages importable, nothing else: the inputs and weights are in this directory.
+"""
+
+from pathlib import Path
+
+from parity.localise.replay import main
+
+if __name__ == "__main__":
+    main(Path(__file__).resolve().parent)
+'''
+
+
+def write_repro(run_dir: Path, chain: Chain, *, case: str, mode: str, target: StageSource, reference: StageSource) -> str:
+    """Write the blamed stage's repro under `run_dir`; its path relative to `run_dir`, or "" and
+    why not (the reason goes into the chain's row detail)."""
+    blamed = chain.blamed
+    if blamed is None:
+        return ""
+    calls = {}
+    for side, source in (("target", target), ("reference", reference)):
+        caught = capture(source, blamed.site)
+        if isinstance(caught, str):
+            return f"(no repro: {side}: {caught})"
+        calls[side] = caught
+    relative = case_directory(case, mode)
+    directory = run_dir / relative
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    weights: dict[str, torch.Tensor] = {}
+    skeleton: dict[str, Any] = {"format": FORMAT, "site": blamed.site, "case": case, "mode": mode, "summary": chain.summary()}
+    for side, call in calls.items():
+        call.read["widths"] = [chain.widths.get(part) for part in call.read["split"]]
+        skeleton[side] = {
+            "fn": _strip(call.fn, tensors, weights, f"{side}.fn") if isinstance(call.fn, nn.Module) else call.fn,
+            "args": _strip(call.args, tensors, weights, f"{side}.args"),
+            "kwargs": _strip(call.kwargs, tensors, weights, f"{side}.kwargs"),
+            "read": call.read,
+        }
+    save_file(_unshared(tensors), directory / "inputs.safetensors")
+    save_file(_unshared(weights), directory / "weights.safetensors")
+    torch.save(skeleton, directory / "calls.pt")
+    (directory / "repro.py").write_text(REPRO_PY.format(case=case, mode=mode, site=blamed.site, summary=chain.summary()))
+    return f"{relative}/repro.py"
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share storage (a tied weight): give each its own."""
+    seen: set[int] = set()
+    out = {}
+    for key, tensor in tensors.items():
+        pointer = tensor.untyped_storage().data_ptr()
+        out[key] = tensor.clone() if pointer in seen and tensor.numel() else tensor
+        seen.add(pointer)
+    return out
