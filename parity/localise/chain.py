@@ -70,11 +70,9 @@ class Chain:
         if self.blamed is None:
             return f"no stage diverged beyond its bound ({self.compared})"
         b = self.blamed
-        inputs = ", ".join(f"{s} {self._value_text(s)}" for s in b.inputs) or "no observable input"
-        return (
-            f"first diverging stage {b.site} ({b.detail or b.stage}): {self._value_text(b.site)} "
-            f"while its inputs were within bound ({inputs}); {self.compared}"
-        )
+        inputs = ", ".join(f"{s} {self._value_text(s)}" for s in b.inputs)
+        why = f"while its inputs were within bound ({inputs})" if inputs else "with no observable input before it"
+        return f"first diverging stage {b.site} ({b.detail or b.stage}): {self._value_text(b.site)} {why}; {self.compared}"
 
     def _value_text(self, site: str) -> str:
         s = self.stage(site)

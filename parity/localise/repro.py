@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import importlib
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,12 +214,26 @@ def write_repro(run_dir: Path, chain: Chain, *, case: str, mode: str, target: St
         return ""
     calls = {}
     for side, source in (("target", target), ("reference", reference)):
-        caught = capture(source, blamed.site)
+        try:
+            caught = capture(source, blamed.site)
+        except Exception as exc:
+            caught = f"re-running it raised {type(exc).__name__}: {str(exc)[:200]}"
         if isinstance(caught, str):
             return f"(no repro: {side}: {caught})"
         calls[side] = caught
     relative = case_directory(case, mode)
     directory = run_dir / relative
+    try:
+        _write(directory, chain, calls, case=case, mode=mode)
+    except Exception as exc:  # the chain's rows matter more than the repro: say why and carry on
+        shutil.rmtree(directory, ignore_errors=True)
+        return f"(no repro: {type(exc).__name__}: {str(exc)[:300]})"
+    return f"{relative}/repro.py"
+
+
+def _write(directory: Path, chain: Chain, calls: dict[str, CapturedCall], *, case: str, mode: str) -> None:
+    blamed = chain.blamed
+    assert blamed is not None
     directory.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     weights: dict[str, torch.Tensor] = {}
@@ -235,7 +250,6 @@ def write_repro(run_dir: Path, chain: Chain, *, case: str, mode: str, target: St
     save_file(_unshared(weights), directory / "weights.safetensors")
     torch.save(skeleton, directory / "calls.pt")
     (directory / "repro.py").write_text(REPRO_PY.format(case=case, mode=mode, site=blamed.site, summary=chain.summary()))
-    return f"{relative}/repro.py"
 
 
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

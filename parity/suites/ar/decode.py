@@ -297,6 +297,12 @@ def _first_step_above_noise(want: torch.Tensor, have: torch.Tensor, golden: torc
     return None
 
 
+def first_step_above_noise(reference: ReferenceDecode, step_logits: torch.Tensor) -> int | None:
+    """The first teacher-forced step whose logits alone fail the golden noise floor (None: none)."""
+    steps = min(reference.steps, int(step_logits.shape[1]))
+    return _first_step_above_noise(reference.step_logits[:, :steps], step_logits[:, :steps], reference.golden[:, :steps])
+
+
 def judge_teacher_forced(
     models: ARModels, reference: ReferenceDecode, step_logits: torch.Tensor, bucket_steps: int | None = None
 ) -> TeacherForced:

@@ -68,37 +68,52 @@ def localise_forward(models: ARModels, ids: torch.Tensor, mode: str, *, compared
     )
 
 
-def localise_decode_step(
-    models: ARModels, context: torch.Tensor, step: int, mode: str, *, compared: str, step_fn: Any = None
+def _observe_decode(models: ARModels, resolved: Resolved, mode: str, prompt: torch.Tensor, fed: torch.Tensor) -> dict[str, Any]:
+    """The target's stage values of its last call when prefilled with `prompt` and fed the tokens
+    `fed` one decode step each (none: the prefill is the observed call), in `mode`: eager calls, or
+    the suite's decode graphs captured with the stage taps and replayed (docs/localise.md §3)."""
+    from parity.suites.ar.decode import DecodeGraphs  # the decode suite's own graphs, taps included
+
+    target, root = models.target, models.target.module
+    batch, length = prompt.shape
+    target.allocate_decode_state(batch, length + fed.shape[1] + 1)
+    positions = [torch.full((batch,), length + i, dtype=torch.long, device=prompt.device) for i in range(fed.shape[1])]
+    if fed.shape[1] == 0:
+        return observe_eager(root, resolved, lambda: target.prefill(prompt))[1]
+    if mode == "eager":
+        target.prefill(prompt)
+        for i in range(fed.shape[1] - 1):
+            target.decode_step(fed[:, i : i + 1], positions[i])
+        return observe_eager(root, resolved, lambda: target.decode_step(fed[:, -1:], positions[-1]))[1]
+    with DecodeGraphs(models, mode, batch, taps=resolved.modules(root)) as graphs, torch.no_grad():
+        target.prefill(prompt)
+        result = None
+        for i in range(fed.shape[1]):
+            result = graphs.run(fed[:, i : i + 1], positions[i])
+    return stage_values(resolved, result.taps, {})
+
+
+def localise_decode(
+    models: ARModels, prompt: torch.Tensor, tokens: torch.Tensor, step: int, mode: str, *, compared: str
 ) -> Chain:
-    """The stage chain of decode step `step` of a teacher-forced decode: the target is prefilled
-    with `context[:, :L]` and fed `context` token by token up to the step; its last step's stages
-    are compared with the last position of the reference's full forward over the same context."""
+    """The stage chain of teacher-forced decode step `step`: the call that produced its logits (the
+    prefill for step 0, else the decode step fed `tokens[:, step - 1]`) against the last position of
+    the reference's and the golden's full forward over the same context."""
     target_map, reference_map, golden_map = stage_maps(models)
-    batch, total = context.shape
-    prompt_len = total - step - 1
-    target = models.target
-    target.allocate_decode_state(batch, total + 1)
-    target.prefill(context[:, :prompt_len])
-    step_call = step_fn or target.decode_step
-    for position in range(prompt_len, total - 1):
-        step_call(context[:, position : position + 1], torch.full((batch,), position, device=context.device))
-    last = total - 1
-    args = (context[:, last:], torch.full((batch,), last, device=context.device))
-    if mode == "eager" or step_fn is None:
-        _, target_values = observe_eager(target.module, target_map, lambda: step_call(*args))
-    else:
-        raise ValueError("graph-mode decode localisation takes the suite's prepared step (step_fn) in eager observation only")
+    fed = tokens[:, :step]
+    context = torch.cat([prompt, fed], dim=1)
+    target_values = _observe_decode(models, target_map, mode, prompt, fed)
     _, reference_values = observe_eager(models.reference.module, reference_map, lambda: models.reference.forward(context))
     _, golden_values = observe_eager(models.golden.module, golden_map, lambda: models.golden.forward(context))
     gen = context >= models.start
-    keep = torch.zeros_like(gen)
+    keep = torch.ones_like(gen) if step == 0 else torch.zeros_like(gen)
     keep[:, -1] = True
+    target_gen = gen if step == 0 else gen[:, -1:]
     return build_chain(
         VOCABULARY,
         target_map=target_map,
         reference_map=reference_map,
-        target=Side(target_values, gen[:, -1:]),
+        target=Side(target_values, target_gen),
         reference=Side(reference_values, gen, keep),
         golden=Side(golden_values, gen, keep),
         compared=compared,
@@ -117,6 +132,36 @@ def explain_forward(models: ARModels, ids: torch.Tensor, mode: str, report: Any,
         mode=mode,
         target=StageSource(models.target.module, target_map, lambda: models.target.forward(ids)),
         reference=StageSource(models.reference.module, reference_map, lambda: models.reference.forward(ids)),
+    )
+    write_chain(report, chain, case=case, mode=mode, repro=repro)
+    return chain
+
+
+def explain_decode(
+    models: ARModels, prompt: torch.Tensor, tokens: torch.Tensor, step: int, mode: str, report: Any, run_dir: Path, *, case: str
+) -> Chain:
+    """A failing teacher-forced decode case: the stage chain of its first step above the noise floor."""
+    what = (
+        "the prefill"
+        if step == 0
+        else f"the decode step fed token {int(tokens[0, step - 1])} at position {prompt.shape[1] + step - 1}"
+    )
+    compared = f"{case} {mode}: step {step} ({what}) against the last position of the reference's forward over the same context"
+    chain = localise_decode(models, prompt, tokens, step, mode, compared=compared)
+    target_map, reference_map, _ = stage_maps(models)
+    context = torch.cat([prompt, tokens[:, :step]], dim=1)
+    fed = tokens[:, :step]
+
+    def target_step() -> Any:  # eager, for the repro's capture
+        _observe_decode(models, Resolved({}, (), target_map.layers), "eager", prompt, fed)
+
+    repro = write_repro(
+        run_dir,
+        chain,
+        case=case,
+        mode=mode,
+        target=StageSource(models.target.module, target_map, target_step),
+        reference=StageSource(models.reference.module, reference_map, lambda: models.reference.forward(context)),
     )
     write_chain(report, chain, case=case, mode=mode, repro=repro)
     return chain

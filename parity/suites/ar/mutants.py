@@ -224,6 +224,7 @@ def _gen_never_called() -> None:
     defect="decode steps drop the mask (UP3's prepare_inputs_for_generation reset misused): decode routes every token to the und expert",
     suite="decode",
     tests=("parity/suites/ar/test_decode.py", "-k", "eager"),
+    stage="layer.2.moe",
 )
 def _decode_resets_mask() -> None:
     ar = importlib.import_module(AR)
@@ -309,6 +310,7 @@ def _warn_once_per_model() -> None:
     tests=("parity/suites/ar/test_decode.py", "-k", "cpu_graph"),
     cuda=("parity/suites/ar/test_decode.py", "-k", "cuda_graph"),
     family=RUNNERS,
+    stage="embed",
 )
 def _no_copy_in() -> None:
     from parity.runners.graph import GraphRun  # the copy-in both graph modes share
@@ -329,6 +331,7 @@ def _no_copy_in() -> None:
             "1e-6 relative, far inside bf16 rounding (2^-8): an equivalent mutant at bf16, so the CUDA lane checks it in fp32"
         ),
     ),
+    stage="layer.0.input_norm",
 )
 def _rmsnorm_eps() -> None:
     ar = importlib.import_module(AR)
@@ -363,6 +366,7 @@ def _patch_checkpoint_names(rewrite: Callable[[str, list[str]], list[str]]) -> N
     ),
     suite="numerics",
     tests=NUMERICS_EAGER,
+    stage="layer.0.k",
 )
 def _qkv_bias_swapped() -> None:
     def rewrite(name: str, parts: list[str]) -> list[str]:
@@ -379,6 +383,7 @@ def _qkv_bias_swapped() -> None:
     ),
     suite="numerics",
     tests=NUMERICS_EAGER,
+    stage="layer.0.input_norm",
 )
 def _layernorms_swapped() -> None:
     swap = {
@@ -409,6 +414,7 @@ def _layernorms_swapped() -> None:
             "mutant at bf16, so the CUDA lane checks it in fp32"
         ),
     ),
+    stage="layer.0.q_rope",
 )
 def _rope_theta_default() -> None:
     ar = importlib.import_module(AR)
@@ -450,6 +456,7 @@ def _patch_decode_positions(change: Callable) -> None:
     suite="decode",
     tests=("parity/suites/ar/test_decode.py", "-k", "teacher_forced and eager"),
     cuda=("parity/suites/ar/test_decode.py", "-k", "teacher_forced and cuda_graph"),
+    stage="layer.0.q_rope",
 )
 def _late_position_saturation() -> None:
     _patch_decode_positions(lambda positions: positions.clamp(max=LATE_BAD_POSITION - 1))
@@ -460,6 +467,7 @@ def _late_position_saturation() -> None:
     defect="the decode step is given position L+i instead of L+i-1 (a sequence length used as the position): a KV slot is skipped and every RoPE angle is one ahead",
     suite="decode",
     tests=("parity/suites/ar/test_decode.py", "-k", "teacher_forced and eager"),
+    stage="layer.0.q_rope",
 )
 def _position_off_by_one() -> None:
     _patch_decode_positions(lambda positions: positions + 1)

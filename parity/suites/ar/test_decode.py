@@ -30,6 +30,7 @@ import pytest
 from parity.compare import FAIL, PASS, TIE_FLIP, better_of, flag_rule
 from parity.suites.ar.decode import (
     ReferenceDecode,
+    first_step_above_noise,
     graph_step,
     judge_free_running,
     judge_teacher_forced,
@@ -40,6 +41,7 @@ from parity.suites.ar.decode import (
     token_text,
     write_teacher_forced,
 )
+from parity.suites.ar.localise import explain_decode
 from parity.suites.ar.support import CASES, ARModels, DecodeCase, ids_of
 from parity.suites.conftest import require_graph_support
 
@@ -76,7 +78,7 @@ def _require_mode(models: ARModels, mode: str, device) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", DECODE, ids=ids_of(DECODE))
-def test_greedy_decode_matches_reference(case, mode: str, ar_models, report, device, reference_decodes) -> None:
+def test_greedy_decode_matches_reference(case, mode: str, ar_models, report, device, reference_decodes, run_dir) -> None:
     models = ar_models
     _require_mode(models, mode, device)
     reference = _reference(reference_decodes, models, case)
@@ -116,6 +118,14 @@ def test_greedy_decode_matches_reference(case, mode: str, ar_models, report, dev
                 better=better_of(metric),
             )
 
+    if not judged.matched.ok or (judged.logits is not None and not judged.logits.ok):
+        # the contexts agree up to and including the first differing token's step: localise the first
+        # step above the noise floor there (docs/localise.md)
+        agreed = min(int(judged.matched.value) + 1, int(got.step_logits.shape[1]))
+        first = first_step_above_noise(reference, got.step_logits[:, :agreed])
+        if first is not None:
+            explain_decode(models, prompt, reference.tokens, first, mode, report, run_dir, case=case.name)
+
     generated = reference.tokens
     gen_tokens = int((generated >= models.start).sum())
     und_tokens = int((generated < models.start).sum())
@@ -137,7 +147,7 @@ def test_greedy_decode_matches_reference(case, mode: str, ar_models, report, dev
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", DECODE, ids=ids_of(DECODE))
-def test_teacher_forced_decode_matches_reference(case, mode: str, ar_models, report, device, reference_decodes) -> None:
+def test_teacher_forced_decode_matches_reference(case, mode: str, ar_models, report, device, reference_decodes, run_dir) -> None:
     models = ar_models
     _require_mode(models, mode, device)
     reference = _reference(reference_decodes, models, case)
@@ -152,6 +162,9 @@ def test_teacher_forced_decode_matches_reference(case, mode: str, ar_models, rep
             logits = teacher_forced_step_logits(models.target, prompt, reference.tokens, step_fn=step)
     forced = judge_teacher_forced(models, reference, logits)
     write_teacher_forced(report, forced, case=case.name, mode=mode)
+    first = first_step_above_noise(reference, logits) if not all(b.verdict.ok for b in forced.buckets) else None
+    if first is not None:  # which stage of that step's computation: re-run it with stage taps (docs/localise.md)
+        explain_decode(models, prompt, reference.tokens, first, mode, report, run_dir, case=case.name)
     errors = step_errors(reference.step_logits, logits)  # per step, for the page's plot (the gate rows are per bucket)
     if errors:
         bucket_verdicts = {bucket.verdict.verdict for bucket in forced.buckets}

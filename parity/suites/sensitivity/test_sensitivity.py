@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 from parity.compare import EQUAL, NOT_APPLICABLE, Verdict, flag_rule
+from parity.localise.rows import BLAME_METRIC
 from parity.suites.sensitivity.catalogue import NotApplicable, lane_of
 from parity.suites.sensitivity.runs import (
     CATALOGUE,
@@ -91,12 +92,37 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
     if kill.why:
         detail += f" [{kill.why}]"
     report.verdict(flag_rule(killed, metric="killed", detail=f"{mutant.defect} || {detail}"), case=name, mode=mutant.suite)
+    if killed and (mutant.stage or mutant.stage_note):
+        report.verdict(localisation_verdict(mutant, rows), case=name, mode=mutant.suite, site=mutant.stage)
+
+
+def named_stages(rows: pd.DataFrame | None, suite: str) -> list[str]:
+    """The stages the mutant's failing cases were localised to (`first_diverging_stage` rows), in row order."""
+    if rows is None or rows.empty:
+        return []
+    blamed = rows[
+        (rows["metric"] == BLAME_METRIC) & (rows["suite"] == suite) & (pd.to_numeric(rows["value"], errors="coerce") == 1)
+    ]
+    return [str(site) for site in blamed["site"]]
+
+
+def localisation_verdict(mutant, rows: pd.DataFrame | None) -> Verdict:
+    """Every localised case of a killed mutant names the catalogue's stage (docs/localise.md); a
+    mutant whose defect sits in no one stage is not applicable, with the catalogue's reason."""
+    named = named_stages(rows, mutant.suite)
+    seen = ", ".join(f"{site} x{named.count(site)}" for site in dict.fromkeys(named)) or "no stage (no case was localised)"
+    if not mutant.stage:
+        return Verdict(
+            NOT_APPLICABLE, "localised_stage", None, None, f"in no one stage: {mutant.stage_note}; named: {seen}", better=EQUAL
+        )
+    ok = bool(named) and set(named) == {mutant.stage}
+    return flag_rule(ok, metric="localised_stage", detail=f"expected {mutant.stage}; named: {seen}")
 
 
 @pytest.mark.parametrize("seed", CONTROL_SEEDS)
 def test_correct_target_raises_no_alarm(seed: int, report, settings, sessions, tmp_path: Path) -> None:
     lane = lane_of(settings.device)
-    alarms, cases, exits, tails = [], 0, [], []
+    alarms, cases, exits, tails, kept = [], 0, [], [], []
     for session in sessions.control_sessions(seed, tmp_path):
         code, rows, tail = sessions.result(session)
         exits.append(code)
@@ -104,16 +130,19 @@ def test_correct_target_raises_no_alarm(seed: int, report, settings, sessions, t
             tails.append(f"{session.kill.size}/{session.kill.dtype or 'lane dtype'}: no rows ({tail[:200]})")
             continue
         alarms.append(_failing(rows))
+        kept.append(rows)
         cases += rows[["suite", "case", "mode"]].drop_duplicates().shape[0]
     found = pd.concat(alarms) if alarms else pd.DataFrame()
-    ok = all(code == 0 for code in exits) and found.empty and not tails
+    localised = sum(len(named_stages(rows, suite)) for suite in ("numerics", "decode", "image", "routing") for rows in kept)
+    ok = all(code == 0 for code in exits) and found.empty and not tails and localised == 0
     detail = f"{cases} cases of the {lane} lane's catalogue tests on the correct target with --seed {seed}: " + (
-        "no alarm"
+        "no alarm, no case localised"
         if ok
         else f"exits {exits}; "
         + "; ".join(f"{r.suite}/{r.case}/{r.mode} {r.metric}={r.value}" for r in found.head(5).itertuples())
         + " "
         + " ".join(tails)
+        + f"; {localised} cases localised to a stage"
     )
     # no alarm row, and every child exited cleanly with rows: the flag decides, the row counts the alarms
     report.verdict(
