@@ -34,7 +34,15 @@ class Side:
 
     values: Mapping[str, Recorded | None]
     gen_mask: torch.Tensor | None = None  # [B, L] bool over the side's tokens (AR: which tokens are gen)
-    keep: torch.Tensor | None = None  # [B, L] bool: the tokens compared (None: all)
+    # [B, L] bool: the tokens compared (None: all); per site where the token rows differ from
+    # stage to stage (a DiT's text, image and joint sequences; a site not in the mapping: all)
+    keep: torch.Tensor | Mapping[str, torch.Tensor | None] | None = None
+    # Named row sets (bool over the side's rows) a stage's `rows` may name, the rows it covers
+    # (routing: "real", the rows before the valid-row count, the only ones a reference selects for)
+    row_sets: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+    def keep_for(self, site: str) -> torch.Tensor | None:
+        return self.keep.get(site) if isinstance(self.keep, Mapping) else self.keep
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,23 @@ class Chain:
         b = self.blamed
         inputs = ", ".join(f"{s} {self._value_text(s)}" for s in b.inputs)
         why = f"while its inputs were within bound ({inputs})" if inputs else "with no observable input before it"
+        hidden = self.unobserved_between(b.site)
+        if hidden:
+            why += f"; {', '.join(hidden)} between them not observable (the defect may sit there)"
         return f"first diverging stage {b.site} ({b.detail or b.stage}): {self._value_text(b.site)} {why}; {self.compared}"
+
+    def unobserved_between(self, site: str) -> list[str]:
+        """The stages between `site` and its observable inputs that could not be judged."""
+        out: list[str] = []
+        frontier = list(self.stage(site).inputs) if self.stage(site) else []
+        while frontier:
+            name = frontier.pop(0)
+            stage = self.stage(name)
+            if stage is None or stage.judged or name in out:
+                continue
+            out.append(name)
+            frontier += list(stage.inputs)
+        return out
 
     def _value_text(self, site: str) -> str:
         s = self.stage(site)
@@ -91,34 +115,40 @@ def _rows(value: torch.Tensor, width: int) -> torch.Tensor | None:
     return value.reshape(-1, width)
 
 
-def _subset(side: Side, stage: Stage) -> torch.Tensor | None:
-    """Bool over the side's token rows: the ones this stage covers (its expert's) and the case keeps."""
-    rows = None
-    if side.gen_mask is not None:
+def _covered(side: Side, stage: Stage) -> torch.Tensor | None:
+    """Bool over the side's token rows: the ones this stage covers (its expert's, a named row
+    set's); None: every row."""
+    if stage.rows in side.row_sets:
+        return side.row_sets[stage.rows].reshape(-1).bool()
+    if side.gen_mask is not None and stage.rows in ("und", "gen"):
         gen = side.gen_mask.reshape(-1)
-        rows = {"all": torch.ones_like(gen), "und": ~gen, "gen": gen}[stage.rows]
-    if side.keep is not None:
-        keep = side.keep.reshape(-1)
+        return gen if stage.rows == "gen" else ~gen
+    return None
+
+
+def _subset(side: Side, stage: Stage, site: str = "") -> torch.Tensor | None:
+    """Bool over the side's token rows: the ones this stage covers (its expert's) and the case keeps."""
+    rows = _covered(side, stage)
+    keep = side.keep_for(site)
+    if keep is not None:
+        keep = keep.reshape(-1)
         rows = keep if rows is None else rows & keep
     return rows
 
 
-def align(value: torch.Tensor, side: Side, stage: Stage, width: int) -> torch.Tensor | str:
+def align(value: torch.Tensor, side: Side, stage: Stage, width: int, site: str = "") -> torch.Tensor | str:
     """`value` as `[rows compared, width]`, or the reason it cannot be."""
     table = _rows(value, width)
     if table is None:
         return f"{tuple(value.shape)} does not split into rows of the reference's width {width}"
-    rows = _subset(side, stage)
+    rows = _subset(side, stage, site)
     if rows is None:
         return table
-    covered = (
-        torch.ones_like(rows)
-        if stage.rows == "all" or side.gen_mask is None
-        else (~side.gen_mask.reshape(-1) if stage.rows == "und" else side.gen_mask.reshape(-1))
-    )
+    covered = _covered(side, stage)
+    covered = torch.ones_like(rows) if covered is None else covered
     if table.shape[0] == rows.numel():  # every token: select the compared ones
         return table[rows.to(table.device)]
-    if table.shape[0] == int(covered.sum()):  # only the tokens the stage covers (an expert's gathered rows)
+    if table.shape[0] == int(covered.sum()):  # only the tokens the stage covers (an expert's gathered rows, a router's real rows)
         return table[rows[covered].to(table.device)]
     return f"{table.shape[0]} rows where the case has {rows.numel()} tokens ({int(covered.sum())} {stage.rows})"
 
@@ -136,11 +166,21 @@ def _compare(
     stage: Stage, golden: torch.Tensor, reference: torch.Tensor, target: torch.Tensor, site: str
 ) -> tuple[str, float, float, str]:
     if not golden.is_floating_point():
-        mismatches = int((target.to(golden.dtype) != golden).sum())
+        mismatches = int((target.to(golden.device, golden.dtype) != golden).sum())
         return (PASS if mismatches == 0 else FAIL), float(mismatches), 0.0, "entries differing from the reference (exact stage)"
     target = target.to(golden.device)
     if target.dtype != reference.dtype and target.is_floating_point():
         target = target.to(reference.dtype)
+    finite = torch.isfinite(golden)
+    if not bool(finite.all()):  # the -inf keys of non-candidates, σ of a NaN logit: the target repeats them or is wrong
+        reference, target = reference.to(golden.device), target.to(golden.device)
+        same = (target.to(golden.dtype) == golden) | (torch.isnan(target) & torch.isnan(golden))
+        differing = int((~finite & ~same).sum())
+        if differing:
+            return FAIL, float(differing), 0.0, "non-finite entries of the golden (inf, NaN) the target does not repeat"
+        golden, reference, target = golden[finite], reference[finite], target[finite]
+        if golden.numel() == 0:
+            return PASS, 0.0, 0.0, ""
     verdict, _ = golden_noise_rule(golden.double(), reference, target, name=site)
     return (PASS if verdict.ok else FAIL), float(verdict.value), float(verdict.threshold), ""
 
@@ -159,12 +199,14 @@ def build_chain(
     chain = Chain(vocabulary.family, compared)
     layers = reference_map.layers
     widths: dict[str, int] = {}
-    for site, stage, layer in vocabulary.chain(layers):
+    for site, stage, layer, blocks, _ in vocabulary.sites(layers):
         ref_value, gold_value = _value(reference, site, widths), _value(golden, site, widths)
         if site not in reference_map.sites or not isinstance(ref_value, torch.Tensor) or not isinstance(gold_value, torch.Tensor):
             continue  # the reference has no such stage here (a layer without the gen expert)
         widths[site] = _width(ref_value)
-        inputs = tuple(i for i in vocabulary.input_sites(stage, layer, layers))
+        if ref_value.numel() == 0 and gold_value.numel() == 0:
+            continue  # the reference computes it on no token (a DiT's context refiner on empty text): nothing to compare
+        inputs = tuple(i for i in vocabulary.input_sites(stage, layer, layers, blocks))
         if site not in target_map.sites:
             chain.stages.append(
                 StageError(
@@ -182,7 +224,7 @@ def build_chain(
             chain.stages.append(StageError(site, stage.name, layer, NOT_COMPARABLE, detail=tgt_value, inputs=inputs))
             continue
         width = widths[site]
-        sides = [align(v, s, stage, width) for v, s in ((gold_value, golden), (ref_value, reference), (tgt_value, target))]
+        sides = [align(v, s, stage, width, site) for v, s in ((gold_value, golden), (ref_value, reference), (tgt_value, target))]
         problem = next((s for s in sides if isinstance(s, str)), None)
         if problem is None and not (sides[0].shape == sides[1].shape == sides[2].shape):
             problem = f"compared rows differ: golden {tuple(sides[0].shape)}, reference {tuple(sides[1].shape)}, target {tuple(sides[2].shape)}"

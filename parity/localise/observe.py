@@ -3,7 +3,8 @@
 Module taps are forward hooks (`parity.observe.taps.TapSet`), so they record in every execution
 mode a runner offers; function taps (`Call`) replace a module-level function for the duration of
 one eager run. A tapped module or function called more than once in the run gives its calls
-stacked along the first dimension (the reference router's per-row calls become one table).
+stacked along the first dimension, a call's vector as one row (the reference router's per-row
+calls become one table).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from parity.localise.stages import Call, StageMap, Tap, Vocabulary, Where, alternatives, parse_map, sites_of
+from parity.localise.stages import Call, Layers, StageMap, Tap, Vocabulary, Where, alternatives, parse_map, sites_of
 from parity.observe.taps import Taps, TapSet
 
 
@@ -27,7 +28,7 @@ class Resolved:
 
     sites: dict[str, tuple[Where, ...]]  # site ("layer.0.q") -> its declarations, the paths' {layer} filled in
     undeclared: tuple[str, ...]  # stage keys of the vocabulary the map does not name
-    layers: int
+    layers: Layers
 
     def modules(self, root: nn.Module) -> dict[str, nn.Module]:
         """Module path -> module, one entry per tapped module (what a runner's `taps=` takes)."""
@@ -53,13 +54,13 @@ def _function_exists(spec: str) -> bool:
         return False
 
 
-def resolve(root: nn.Module | None, stage_map: StageMap, vocabulary: Vocabulary, layers: int) -> Resolved:
+def resolve(root: nn.Module | None, stage_map: StageMap, vocabulary: Vocabulary, layers: Layers) -> Resolved:
     """Bind `stage_map` to `root`: a per-layer declaration whose module is absent on a layer
     (the gen expert of a layer without one) gives no site there."""
     stage_map, _ = parse_map(stage_map, who="stage_map")  # its problems are check-target's to report
     sites: dict[str, tuple[Where, ...]] = {}
-    for site, stage, layer in vocabulary.chain(layers):
-        declaration = stage_map.get(vocabulary.key(stage))
+    for site, _, layer, _, key in vocabulary.sites(layers):
+        declaration = stage_map.get(key)
         if declaration is None:
             continue
         bound = []
@@ -77,10 +78,11 @@ def resolve(root: nn.Module | None, stage_map: StageMap, vocabulary: Vocabulary,
     return Resolved(sites, undeclared, layers)
 
 
-def missing_paths(root: nn.Module | None, stage_map: StageMap, layers: int, *, who: str) -> list[str]:
+def missing_paths(root: nn.Module | None, stage_map: StageMap, layers: Layers, *, who: str) -> list[str]:
     """A declared module that exists on no layer, or a function that cannot be imported: one line each."""
     problems = []
     stage_map, _ = parse_map(stage_map, who=who)
+    layers = max(layers.values(), default=0) if isinstance(layers, Mapping) else layers
     for key, declaration in stage_map.items():
         for where in alternatives(declaration):
             if isinstance(where, Call) and not _function_exists(where.function):
@@ -128,8 +130,8 @@ def _copy(value: Any) -> Any:
 
 def _pick(call: tuple[Any, Any], where: Where) -> Any:
     value = call[0] if where.input else call[1]
-    if where.output is not None and not where.input:
-        value = value[where.output]
+    if where.output is not None and not where.input and isinstance(value, (tuple, list)):
+        value = value[where.output]  # a module that returns a plain tensor on some calls is read whole
     if not isinstance(value, torch.Tensor):
         value = torch.as_tensor(value)
     if where.layout == "heads_first":  # [B, H, L, D] -> [B, L, H * D]
@@ -162,8 +164,9 @@ def stage_values(
                 calls = list(function_calls.get(where.function, []))
             if calls:
                 picked = [_pick(call, where) for call in calls]
+                # A call giving a scalar or a vector is one row (a per-row function's calls make a table).
                 value = (
-                    picked[0] if len(picked) == 1 else torch.cat([p.reshape(1, *p.shape) if p.dim() == 0 else p for p in picked])
+                    picked[0] if len(picked) == 1 else torch.cat([p.reshape(1, *p.shape) if p.dim() <= 1 else p for p in picked])
                 )
                 values[site] = Recorded(value, where)
                 break

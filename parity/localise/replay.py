@@ -61,19 +61,32 @@ def _callable(fn: Any) -> Any:
 
 
 def run_side(
-    call: Mapping[str, Any],
+    side: Mapping[str, Any],
     tensors: Mapping[str, torch.Tensor],
     weights: Mapping[str, torch.Tensor],
     *,
     device: str = "cpu",
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """One side's stage value: the call rebuilt (cast to `dtype` if given), run, and read as the
-    harness read it (the output, one element of it, or a child's input; the fused part)."""
-    fn = _callable(_restore(call["fn"], tensors, weights, device, dtype))
-    args = _restore(call["args"], tensors, weights, device, dtype)
-    kwargs = _restore(call["kwargs"], tensors, weights, device, dtype)
-    read = call["read"]
+    """One side's stage value: its calls rebuilt (cast to `dtype` if given), run, and read as the
+    harness read them (the output, one element of it, or a child's input; the fused part), several
+    calls stacked as the harness stacks them."""
+    fn = _callable(_restore(side["fn"], tensors, weights, device, dtype))
+    values = [
+        _read(
+            fn,
+            _restore(call["args"], tensors, weights, device, dtype),
+            _restore(call["kwargs"], tensors, weights, device, dtype),
+            side["read"],
+        )
+        for call in side["calls"]
+    ]
+    if len(values) == 1:
+        return values[0]
+    return torch.cat([v.reshape(1, *v.shape) if v.dim() <= 1 else v for v in values])
+
+
+def _read(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], read: Mapping[str, Any]) -> torch.Tensor:
     seen: list[Any] = []
     handle = None
     if read.get("child"):
@@ -89,7 +102,9 @@ def run_side(
     elif read.get("input"):
         value = args[0]
     else:
-        value = output if read.get("output") is None else output[read["output"]]
+        value = output[read["output"]] if read.get("output") is not None and isinstance(output, (tuple, list)) else output
+    if not isinstance(value, torch.Tensor):
+        value = torch.as_tensor(value)
     if read.get("layout") == "heads_first":
         b, h, length, d = value.shape
         value = value.transpose(1, 2).reshape(b, length, h * d)
@@ -100,11 +115,26 @@ def run_side(
     return value
 
 
+def load_target(spec: str) -> str:
+    """Load the run's target as the run did (its factory may patch code the calls run); a line
+    saying what happened when it cannot be loaded here."""
+    if not spec:
+        return ""
+    from parity.target import TargetError, resolve_target
+
+    try:
+        resolve_target(spec, "the run's --parity-target")
+    except TargetError as exc:
+        return f"note: {exc}; the calls run without what that target changes when it loads"
+    return ""
+
+
 def replay(directory: Path, *, device: str = "cpu") -> dict[str, Any]:
     """Both sides' stage values, the error between them and the bound (as numbers)."""
     skeleton = torch.load(directory / "calls.pt", weights_only=False)
     if skeleton.get("format") != FORMAT:
         raise ValueError(f"{directory / 'calls.pt'}: repro format {skeleton.get('format')!r}, this parity reads {FORMAT}")
+    note = load_target(skeleton.get("target_spec", ""))
     tensors, weights = load_file(directory / "inputs.safetensors"), load_file(directory / "weights.safetensors")
     target = run_side(skeleton["target"], tensors, weights, device=device)
     reference = run_side(skeleton["reference"], tensors, weights, device=device)
@@ -117,6 +147,7 @@ def replay(directory: Path, *, device: str = "cpu") -> dict[str, Any]:
         "mode": skeleton["mode"],
         "target": target,
         "reference": reference,
+        "note": note,
     }
     if rows[2].shape != rows[1].shape:
         out["problem"] = f"the sides' values do not line up: target {tuple(target.shape)}, reference {tuple(reference.shape)}"
@@ -152,6 +183,8 @@ def main(directory: Path | None = None) -> None:
     start = time.perf_counter()
     result = replay(directory, device=options.device)
     print(f"{result['case']} ({result['mode']}): stage {result['site']}")
+    if result.get("note"):
+        print(result["note"])
     print(_show("target", result["target"]))
     print(_show("reference", result["reference"]))
     if "problem" in result:

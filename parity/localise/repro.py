@@ -20,6 +20,7 @@ import contextlib
 import copy
 import dataclasses
 import importlib
+import json
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -34,8 +35,9 @@ from torch import nn
 from parity.localise.chain import Chain
 from parity.localise.observe import Resolved
 from parity.localise.stages import Call, Tap, Where
+from parity.report import RUN_INFO_FILE
 
-FORMAT = 1
+FORMAT = 2  # 2: every call of a function stage (1 held one call)
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,7 @@ class CapturedCall:
     """The blamed stage's computation on one side: what to call, with what, and what to read."""
 
     fn: Any  # an nn.Module, or a "package.module:function" spec
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]]  # a module's last call; every call of a function (a per-row function's)
     read: dict[str, Any]  # how the stage's value comes out: {"output": i | None, "child": path | None, "layout", "split", "part"}
 
 
@@ -101,7 +102,8 @@ def _computing_module(root: nn.Module, where: Tap) -> tuple[str, str | None] | N
 
 @contextlib.contextmanager
 def _catching(root: nn.Module | None, where: Where) -> Iterator[dict[str, Any]]:
-    """Catch the last call of the stage's computation while inside."""
+    """Catch the stage's computation while inside: a module's last call, every call of a function
+    (the harness stacks a function's calls into one value, so the repro replays them all)."""
     caught: dict[str, Any] = {}
     if isinstance(where, Call):
         module_name, _, name = where.function.partition(":")
@@ -109,7 +111,8 @@ def _catching(root: nn.Module | None, where: Where) -> Iterator[dict[str, Any]]:
         original = getattr(owner, name)
 
         def recorder(*args: Any, **kwargs: Any) -> Any:
-            caught.update(fn=where.function, args=_clone(args), kwargs=_clone(kwargs), child=None)
+            caught.setdefault("calls", []).append((_clone(args), _clone(kwargs)))
+            caught.update(fn=where.function, child=None)
             return original(*args, **kwargs)
 
         setattr(owner, name, recorder)
@@ -127,7 +130,7 @@ def _catching(root: nn.Module | None, where: Where) -> Iterator[dict[str, Any]]:
     module = root.get_submodule(path)
 
     def pre_hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        caught.update(fn=module, args=_clone(args), kwargs=_clone(kwargs), child=child, path=path)
+        caught.update(fn=module, calls=[(_clone(args), _clone(kwargs))], child=child, path=path)
 
     handle = module.register_forward_pre_hook(pre_hook, with_kwargs=True)
     try:
@@ -147,7 +150,7 @@ def capture(source: StageSource, site: str) -> CapturedCall | str:
         if caught:
             read = {"output": where.output, "input": where.input, "child": caught["child"], "layout": where.layout}
             read.update(split=list(where.split), part=where.part)
-            return CapturedCall(caught["fn"], caught["args"], caught["kwargs"], read)
+            return CapturedCall(caught["fn"], caught["calls"], read)
     return f"no declaration of {site} ran ({', '.join(w.path for w in declarations)})"
 
 
@@ -238,18 +241,33 @@ def _write(directory: Path, chain: Chain, calls: dict[str, CapturedCall], *, cas
     tensors: dict[str, torch.Tensor] = {}
     weights: dict[str, torch.Tensor] = {}
     skeleton: dict[str, Any] = {"format": FORMAT, "site": blamed.site, "case": case, "mode": mode, "summary": chain.summary()}
+    skeleton["target_spec"] = _target_spec(directory.parent.parent)
     for side, call in calls.items():
         call.read["widths"] = [chain.widths.get(part) for part in call.read["split"]]
         skeleton[side] = {
             "fn": _strip(call.fn, tensors, weights, f"{side}.fn") if isinstance(call.fn, nn.Module) else call.fn,
-            "args": _strip(call.args, tensors, weights, f"{side}.args"),
-            "kwargs": _strip(call.kwargs, tensors, weights, f"{side}.kwargs"),
+            "calls": [
+                {
+                    "args": _strip(args, tensors, weights, f"{side}.{i}.args"),
+                    "kwargs": _strip(kwargs, tensors, weights, f"{side}.{i}.kwargs"),
+                }
+                for i, (args, kwargs) in enumerate(call.calls)
+            ],
             "read": call.read,
         }
     save_file(_unshared(tensors), directory / "inputs.safetensors")
     save_file(_unshared(weights), directory / "weights.safetensors")
     torch.save(skeleton, directory / "calls.pt")
     (directory / "repro.py").write_text(REPRO_PY.format(case=case, mode=mode, site=blamed.site, summary=chain.summary()))
+
+
+def _target_spec(run_dir: Path) -> str:
+    """The run's `--parity-target` (run.json): the repro loads it first, as the run did, so a target
+    that changes code when it loads (a mutant's patch, an engine's registration) is reproduced too."""
+    try:
+        return str(json.loads((run_dir / RUN_INFO_FILE).read_text()).get("target", ""))
+    except (OSError, ValueError):
+        return ""
 
 
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from parity.compare import FAIL, LOWER, NOT_APPLICABLE, PASS
+from parity.compare import FAIL, FIXED, LOWER, MEASURED, NOT_APPLICABLE, PASS
+from parity.localise.bisect import Bisection
 from parity.localise.chain import FAIL as DIVERGED
 from parity.localise.chain import PASS as WITHIN
 from parity.localise.chain import Chain
@@ -41,6 +42,7 @@ def write_chain(report: Any, chain: Chain, *, case: str, mode: str, repro: str =
             value=stage.value,
             threshold=stage.bound,
             better=LOWER,
+            bound=FIXED if exact else MEASURED,  # an exact stage's bound is 0; a float stage's, the reference's own error here
             verdict=PASS if stage.status == WITHIN else FAIL,
             site=stage.site,
             detail=stage.detail,
@@ -54,5 +56,21 @@ def write_chain(report: Any, chain: Chain, *, case: str, mode: str, repro: str =
         verdict=FAIL if blamed is not None and blamed.status == DIVERGED else PASS,
         site="" if blamed is None else blamed.site,
         detail=detail,
+        **where,
+    )
+
+
+def write_bisection(report: Any, bisection: Bisection, *, case: str, mode: str, suite: str | None = None) -> None:
+    """The compile-only piece (or that none alone differs) under the failing case."""
+    where: dict[str, Any] = {"case": case, "mode": mode}
+    if suite is not None:
+        where["suite"] = suite
+    piece = bisection.piece
+    report.info(
+        metric=PIECE_METRIC,
+        value=0 if piece is None else 1,
+        verdict=PASS if piece is None else FAIL,
+        site="" if piece is None else piece.path,
+        detail=bisection.summary(),
         **where,
     )

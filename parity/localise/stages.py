@@ -18,17 +18,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Layout = Literal["tokens", "heads", "heads_first"]
-Rows = Literal["all", "und", "gen"]
+# The rows a stage covers: "all", AR's "und" / "gen" (from `Side.gen_mask`), or the name of a row
+# set the case's sides give (`Side.row_sets`: the routing family's "real" rows, before the count).
+Rows = str
+# How many blocks a model has: one count for a vocabulary with one block list (the AR decoder's
+# `layer`s), else a count per block list (the DiT's context refiner, noise refiner and layers)
+Layers = int | Mapping[str, int]
 
 
 @dataclass(frozen=True)
 class Stage:
     """One stage of a family's computation. `inputs` are the stages whose outputs it reads (a name
     of this layer, or `prev:<name>` for the previous layer's stage, which at layer 0 is the
-    family's `entry`); `rows`: which tokens the stage sees (an expert sees only its own)."""
+    family's `entry`); `rows`: which tokens the stage sees (an expert sees only its own, a router's
+    selection only the rows before the valid-row count)."""
 
     name: str
     what: str
@@ -38,18 +44,50 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class Blocks:
+    """A list of repeated blocks the per-layer stages run in, block by block: its sites are
+    `{name}.{i}.{stage}` and a stage map spells them `{name}.{layer}.{stage}`. `entry`: what `prev:`
+    reads at its first block, as sites (a stage outside the blocks, or `<blocks>:<stage>` for that
+    stage of the last block of an earlier list); empty: the vocabulary's `entry`."""
+
+    name: str
+    entry: tuple[str, ...] = ()
+
+
+class ChainSite(NamedTuple):
+    """One site of a chain: its stage, its block index and block list (None outside the blocks),
+    and the stage-map key that declares it."""
+
+    site: str
+    stage: Stage
+    layer: int | None
+    blocks: str | None
+    key: str
+
+
+@dataclass(frozen=True)
 class Vocabulary:
-    """A family's stages in execution order; per-layer stages repeat for every layer in between
+    """A family's stages in execution order; per-layer stages repeat for every block of each
+    block list in turn (`blocks`, one list `layer` unless the family says otherwise), in between
     the stages before and after them."""
 
     family: str
     stages: tuple[Stage, ...]
-    entry: str  # what `prev:` means at layer 0
+    entry: str  # what `prev:` means at layer 0 (of a block list without an entry of its own)
+    blocks: tuple[Blocks, ...] = (Blocks("layer"),)
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.family}: duplicate stage names in {names}")
+        lists = [b.name for b in self.blocks]
+        if not lists or len(set(lists)) != len(lists):
+            raise ValueError(f"{self.family}: block lists must be named once each, got {lists}")
+        for i, blocks in enumerate(self.blocks):
+            for item in blocks.entry:
+                source, sep, _ = item.partition(":")
+                if sep and source not in lists[:i]:
+                    raise ValueError(f"{self.family}: {blocks.name}'s entry {item!r} names no earlier block list ({lists[:i]})")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -61,23 +99,46 @@ class Vocabulary:
                 return s
         raise KeyError(name)
 
-    def key(self, stage: Stage) -> str:
-        """How a stage map spells it: `layer.{layer}.q` for a per-layer stage, else its name."""
-        return f"layer.{{layer}}.{stage.name}" if stage.per_layer else stage.name
+    def key(self, stage: Stage, blocks: str | None = None) -> str:
+        """How a stage map spells it: `layer.{layer}.q` for a per-layer stage (in block list
+        `blocks`, the first one by default), else its name."""
+        return f"{blocks or self.blocks[0].name}.{{layer}}.{stage.name}" if stage.per_layer else stage.name
 
     def keys(self) -> tuple[str, ...]:
-        return tuple(self.key(s) for s in self.stages)
+        return tuple(k for s in self.stages for k in ([self.key(s, b.name) for b in self.blocks] if s.per_layer else [s.name]))
 
-    def chain(self, layers: int) -> list[tuple[str, Stage, int | None]]:
-        """(site, stage, layer) in execution order for a model of `layers` layers."""
-        before = [s for s in self.stages if not s.per_layer and self.stages.index(s) < self._first_layer_stage()]
-        after = [s for s in self.stages if not s.per_layer and s not in before]
+    def counts(self, layers: Layers) -> dict[str, int]:
+        """The number of blocks in each block list."""
+        lists = [b.name for b in self.blocks]
+        if isinstance(layers, Mapping):
+            unknown = sorted(set(layers) - set(lists))
+            if unknown:
+                raise ValueError(f"{self.family}: no block lists {unknown} (the lists are {lists})")
+            return {name: int(layers.get(name, 0)) for name in lists}
+        if len(lists) != 1:
+            raise ValueError(f"{self.family}: give a block count for each of {lists}, not one count")
+        return {lists[0]: int(layers)}
+
+    def sites(self, layers: Layers) -> list[ChainSite]:
+        """Every site in execution order for a model with `layers` blocks."""
+        counts = self.counts(layers)
+        first = self._first_layer_stage()
+        before = [s for i, s in enumerate(self.stages) if not s.per_layer and i < first]
+        after = [s for i, s in enumerate(self.stages) if not s.per_layer and i >= first]
         per_layer = [s for s in self.stages if s.per_layer]
-        out: list[tuple[str, Stage, int | None]] = [(s.name, s, None) for s in before]
-        for layer in range(layers):
-            out += [(f"layer.{layer}.{s.name}", s, layer) for s in per_layer]
-        out += [(s.name, s, None) for s in after]
+        out = [ChainSite(s.name, s, None, None, s.name) for s in before]
+        for blocks in self.blocks:
+            for layer in range(counts[blocks.name]):
+                out += [
+                    ChainSite(f"{blocks.name}.{layer}.{s.name}", s, layer, blocks.name, self.key(s, blocks.name))
+                    for s in per_layer
+                ]
+        out += [ChainSite(s.name, s, None, None, s.name) for s in after]
         return out
+
+    def chain(self, layers: Layers) -> list[tuple[str, Stage, int | None]]:
+        """(site, stage, layer) in execution order for a model with `layers` blocks."""
+        return [(s.site, s.stage, s.layer) for s in self.sites(layers)]
 
     def _first_layer_stage(self) -> int:
         for i, s in enumerate(self.stages):
@@ -85,20 +146,40 @@ class Vocabulary:
                 return i
         return len(self.stages)
 
-    def input_sites(self, stage: Stage, layer: int | None, layers: int) -> list[str]:
-        """The sites `stage` at `layer` reads, spelt as `chain` spells them."""
-        sites = []
+    def input_sites(self, stage: Stage, layer: int | None, layers: Layers, blocks: str | None = None) -> list[str]:
+        """The sites `stage` at `layer` (of block list `blocks`, the first by default) reads, spelt
+        as `chain` spells them: `prev:` at a list's first block is that list's entry, `last:` the
+        last block of the last list that has blocks."""
+        counts = self.counts(layers)
+        lists = [b.name for b in self.blocks]
+        group = blocks or lists[0]
+        sites: list[str] = []
         for name in stage.inputs:
             if name.startswith("prev:"):
                 prev = name.removeprefix("prev:")
-                sites.append(self.entry if not layer else f"layer.{layer - 1}.{prev}")
+                sites += self._entry_sites(lists.index(group), counts) if not layer else [f"{group}.{layer - 1}.{prev}"]
             elif name.startswith("last:"):
-                sites.append(f"layer.{layers - 1}.{name.removeprefix('last:')}" if layers else self.entry)
+                sites += self._last_sites(len(lists) - 1, name.removeprefix("last:"), counts)
             elif layer is not None and self.stage(name).per_layer:
-                sites.append(f"layer.{layer}.{name}")
+                sites.append(f"{group}.{layer}.{name}")
             else:
                 sites.append(name)
         return sites
+
+    def _entry_sites(self, index: int, counts: Mapping[str, int]) -> list[str]:
+        entry = self.blocks[index].entry
+        if not entry:
+            return [self.entry]
+        sites: list[str] = []
+        for item in entry:
+            source, sep, stage = item.partition(":")
+            sites += self._last_sites([b.name for b in self.blocks].index(source), stage, counts) if sep else [item]
+        return sites
+
+    def _last_sites(self, index: int, stage: str, counts: Mapping[str, int]) -> list[str]:
+        """`stage` of the last block of list `index`, or what that list reads when it has none."""
+        name = self.blocks[index].name
+        return [f"{name}.{counts[name] - 1}.{stage}"] if counts[name] else self._entry_sites(index, counts)
 
 
 @dataclass(frozen=True)
