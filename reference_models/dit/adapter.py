@@ -23,6 +23,12 @@ Adapter shape (the same in `serving_models/dit/adapter.py`; the harness codifies
     adapter.generate(<sample's arguments>) -> uint8 [B, 8h, 8w, 3]  (= decode(sample(...)))
     adapter.text_condition(length, seed, batch=1) -> (text_states fp32 [B,L,D], mask [B,L] bool),
         on adapter.device, in adapter.dtype (identical in both packages)
+    adapter.stage_map: dict                  where each stage of parity's DiT stage vocabulary is, in
+        plain data (module paths under `module`, `{"function": "package.module:function"}`);
+        a stage it leaves out is reported not observable when a failing case is localised
+    adapter.joint_layout: str                how the main stack's joint sequence is laid out:
+        "packed" ([text[:cap_len], image], padded at the tail: upstream's) or "text_slots"
+        ([text slots, image]; the final layer sees the image tokens only)
 
 Module-level `load` (alias `from_pretrained`) and `build` are the classmethods (for
 `target.load_dit` / `target.build_dit`).
@@ -60,6 +66,51 @@ from .sampler import euler_step, flow_match_timesteps, guidance_scales, initial_
 from .vae import VAE_PREFIX, build_release_vae
 
 
+def _block_stages(blocks: str, *, modulated: bool) -> dict[str, object]:
+    """The stages of every block of the list `blocks` (same module names in each list)."""
+    at = f"{blocks}.{{layer}}"
+    stages: dict[str, object] = {
+        f"{at}.attn_in": {"module": f"{at}.attn", "input": True},
+        **{f"{at}.{p}": f"{at}.attn.to_{p}" for p in "qkv"},
+        **{f"{at}.{p}_norm": {"module": f"{at}.attn.norm_{p}", "layout": "heads"} for p in "qk"},
+        **{f"{at}.{p}_rope": {"module": f"{at}.attn.rotary", "output": i, "layout": "heads"} for i, p in enumerate("qk")},
+        f"{at}.attn": {"module": f"{at}.attn.to_out.0", "input": True},
+        f"{at}.out_proj": f"{at}.attn.to_out.0",
+        f"{at}.attn_norm": f"{at}.norm2",
+        f"{at}.mlp_in": {"module": f"{at}.feed_forward", "input": True},
+        f"{at}.mlp": f"{at}.feed_forward",
+        f"{at}.mlp_norm": f"{at}.ffn_norm2",
+        f"{at}.out": at,
+    }
+    if modulated:
+        stages[f"{at}.adaln"] = f"{at}.norm1.linear"
+    return stages
+
+
+# Where each stage of parity's DiT vocabulary is (plain data: module paths under `module`,
+# `function` for the sampler's and the decoder's module-level functions, docs/localise.md §2).
+# The joint sequence is upstream's: `[text[:cap_len], image]`, padded at the tail (JOINT_LAYOUT).
+STAGE_MAP: dict[str, object] = {
+    "timesteps": {"function": "reference_models.dit.adapter:flow_match_timesteps"},
+    "guidance": {"function": "reference_models.dit.adapter:guidance_scales"},
+    "time_embed": "time_caption_embed.timestep_embedder",
+    "caption_embed": "time_caption_embed.caption_embedder",
+    "x_embed": "x_embedder",
+    "rope": {"module": "rope_embedder", "output": 0},
+    **_block_stages("context_refiner", modulated=False),
+    **_block_stages("noise_refiner", modulated=True),
+    **_block_stages("layers", modulated=True),
+    "norm_out": "norm_out",
+    "velocity": {"module": ""},  # the model itself
+    "latents": {"function": "reference_models.dit.adapter:euler_step"},
+    "decoded": [
+        {"function": "reference_models.dit.decoder:to_uint8_image", "input": True},
+        {"function": "reference_models.dit.vae:to_uint8_image", "input": True},
+    ],
+}
+JOINT_LAYOUT = "packed"
+
+
 class ReferenceDiT:
     """The reference DiT stage behind the adapter API (see the module docstring)."""
 
@@ -67,6 +118,8 @@ class ReferenceDiT:
     # Host reads (`_cap_lens`) and no `_repeated_blocks`: not written to be compiled or captured,
     # so the suites skip their compiled and graph modes for it (parity.suites.conftest.require_graph_support).
     supports_capture = False
+    stage_map = STAGE_MAP
+    joint_layout = JOINT_LAYOUT
 
     def __init__(
         self,

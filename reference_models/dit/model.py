@@ -143,6 +143,16 @@ def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
 
 
+class ApplyRotary(nn.Module):
+    """`apply_rotary_interleaved` on q and k, cast back to the model dtype, as a module without
+    weights: a stage point the harness taps (q and k after RoPE); the numbers are upstream's."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_rotary_interleaved(q, cos, sin).to(dtype), apply_rotary_interleaved(k, cos, sin).to(dtype)
+
+
 class RotaryPosEmbed(nn.Module):
     """Position ids and RoPE gathered from the per-axis tables, as upstream's RotaryPosEmbedReal."""
 
@@ -207,6 +217,7 @@ class Attention(nn.Module):
         self.norm_q = RMSNorm(self.head_dim, eps=QK_NORM_EPS)
         self.norm_k = RMSNorm(self.head_dim, eps=QK_NORM_EPS)
         self.to_out = nn.ModuleList([nn.Linear(heads * self.head_dim, dim, bias=False)])
+        self.rotary = ApplyRotary()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -214,8 +225,7 @@ class Attention(nn.Module):
         q = self.norm_q(self.to_q(x).view(batch, seq, self.heads, self.head_dim))
         k = self.norm_k(self.to_k(x).view(batch, seq, self.kv_heads, self.head_dim))
         v = self.to_v(x).view(batch, seq, self.kv_heads, self.head_dim)
-        q = apply_rotary_interleaved(q, *rope).to(dtype)
-        k = apply_rotary_interleaved(k, *rope).to(dtype)
+        q, k = self.rotary(q, k, *rope, dtype)
         # GQA: KV head j serves the consecutive query heads j·rep … j·rep + rep − 1.
         rep = self.heads // self.kv_heads
         k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)

@@ -6,7 +6,8 @@ device, dtype)` and `build(config, state_dict, device, dtype)` (module-level `lo
 `forward(latents, timestep, text_states, text_mask) -> velocity`; `block_sites()`;
 `timesteps(steps, height, width)`; `sample(text_states, text_mask, height, width, steps,
 guidance_scale, cfg_range, seed, negative_states=None, negative_mask=None)` (latent height/width);
-`decode(latents) -> uint8 [B,H,W,3]`; `generate(...)`; `text_condition(length, seed, batch)`.
+`decode(latents) -> uint8 [B,H,W,3]`; `generate(...)`; `text_condition(length, seed, batch)`;
+`stage_map` and `joint_layout` (where each stage is, for localising a failing case).
 `build` accepts this package's DiTConfig, a config.json dict, or any object with
 `to_json_dict()` (such as the reference's config).
 
@@ -35,10 +36,58 @@ from .sampler import euler_update, flow_match_timesteps, guidance_per_step, init
 from .weights import build_modules, read_checkpoint_and_vae
 
 
+def _block_stages(blocks: str, *, modulated: bool) -> dict[str, object]:
+    """The stages of every block of the list `blocks` (same module names in each list)."""
+    at = f"{blocks}.{{layer}}"
+    stages: dict[str, object] = {
+        f"{at}.attn_in": {"module": f"{at}.attn", "input": True},
+        **{f"{at}.{p}": f"{at}.attn.to_{p}" for p in "qkv"},
+        **{f"{at}.{p}_norm": {"module": f"{at}.attn.norm_{p}", "layout": "heads"} for p in "qk"},
+        **{f"{at}.{p}_rope": {"module": f"{at}.attn.rotary", "output": i, "layout": "heads"} for i, p in enumerate("qk")},
+        f"{at}.attn": {"module": f"{at}.attn.to_out.0", "input": True},
+        f"{at}.out_proj": f"{at}.attn.to_out.0",
+        f"{at}.attn_norm": f"{at}.norm2",
+        f"{at}.mlp_in": {"module": f"{at}.feed_forward", "input": True},
+        f"{at}.mlp": f"{at}.feed_forward",
+        f"{at}.mlp_norm": f"{at}.ffn_norm2",
+        f"{at}.out": at,
+    }
+    if modulated:
+        stages[f"{at}.adaln"] = f"{at}.norm1.linear"
+    return stages
+
+
+# Where each stage of parity's DiT vocabulary is (plain data: module paths under `module`,
+# `function` for the sampler's and the decoder's module-level functions; parity's
+# docs/localise.md §2). The joint sequence is `[text slots, image]`, the head sees the image
+# tokens only (JOINT_LAYOUT).
+STAGE_MAP: dict[str, object] = {
+    "timesteps": {"function": "serving_models.dit.adapter:flow_match_timesteps"},
+    "guidance": {"function": "serving_models.dit.adapter:guidance_per_step"},
+    "time_embed": "time_caption_embed.timestep_embedder",
+    "caption_embed": "time_caption_embed.caption_embedder",
+    "x_embed": "x_embedder",
+    "rope": {"module": "joint_rope", "output": 0},
+    **_block_stages("context_refiner", modulated=False),
+    **_block_stages("noise_refiner", modulated=True),
+    **_block_stages("layers", modulated=True),
+    "norm_out": "norm_out",
+    "velocity": {"module": ""},  # the model itself
+    "latents": {"function": "serving_models.dit.adapter:euler_update"},
+    "decoded": [
+        {"function": "serving_models.dit.decoder:to_uint8_image", "input": True},
+        {"function": "serving_models.dit.vae:to_uint8_image", "input": True},
+    ],
+}
+JOINT_LAYOUT = "text_slots"
+
+
 class ServingDiT:
     """The serving DiT stage behind the adapter API."""
 
     name = "serving"
+    stage_map = STAGE_MAP
+    joint_layout = JOINT_LAYOUT
 
     def __init__(
         self,

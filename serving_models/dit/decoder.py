@@ -14,6 +14,13 @@ from torch import nn
 from .config import DecoderConfig
 
 
+def to_uint8_image(rgb: torch.Tensor) -> torch.Tensor:
+    """`[B, 3, H, W]` RGB before `tanh` (any float dtype) -> uint8 `[B, H, W, 3]`, in fp32 or wider;
+    a module-level function so the harness can read the decoder's float output (a stage point)."""
+    rgb = (torch.tanh(rgb.to(torch.promote_types(rgb.dtype, torch.float32))) + 1.0) * 127.5
+    return rgb.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+
 class LatentDecoder(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
@@ -28,6 +35,4 @@ class LatentDecoder(nn.Module):
         x = self.conv_in((latents / self.config.scaling_factor + self.config.shift_factor).to(dtype))
         for conv in self.up_convs:
             x = conv(F.interpolate(F.silu(x), scale_factor=2, mode="nearest"))
-        rgb = self.conv_out(F.silu(x))
-        rgb = (torch.tanh(rgb.to(torch.promote_types(rgb.dtype, torch.float32))) + 1.0) * 127.5
-        return rgb.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+        return to_uint8_image(self.conv_out(F.silu(x)))

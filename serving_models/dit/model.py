@@ -162,12 +162,32 @@ def image_position_ids(text_mask: torch.Tensor, grid_h: int, grid_w: int) -> tor
     return torch.stack([cap_len, rows, cols], dim=-1)
 
 
+class JointRope(nn.Module):
+    """cos/sin of the joint sequence, `[text slots, image]` along the tokens, as a module without
+    weights: a stage point the harness taps (the RoPE table the main stack uses)."""
+
+    def forward(
+        self, text_rope: tuple[torch.Tensor, torch.Tensor], image_rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([text_rope[0], image_rope[0]], dim=1), torch.cat([text_rope[1], image_rope[1]], dim=1)
+
+
 def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate interleaved pairs of `x [B, S, H, D]` by `cos/sin [B, S, D]` (their dtype out)."""
     x = x.to(cos.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     c, s = cos[:, :, None, 0::2], sin[:, :, None, 0::2]
     return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
+
+
+class Rotary(nn.Module):
+    """`rotate_interleaved` on q and k, back in the model dtype, as a module without weights: a
+    stage point the harness taps (q and k after RoPE); compiled, it is inlined into the block."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotate_interleaved(q, cos, sin).to(dtype), rotate_interleaved(k, cos, sin).to(dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,15 +214,15 @@ class Attention(nn.Module):
         self.norm_q = RMSNorm(self.head_dim, eps=QK_NORM_EPS)
         self.norm_k = RMSNorm(self.head_dim, eps=QK_NORM_EPS)
         self.to_out = nn.ModuleList([nn.Linear(heads * self.head_dim, dim, bias=False)])
+        self.rotary = Rotary()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         dtype = x.dtype
         q = self.norm_q(self.to_q(x).unflatten(-1, (self.heads, self.head_dim)))
         k = self.norm_k(self.to_k(x).unflatten(-1, (self.kv_heads, self.head_dim)))
         v = self.to_v(x).unflatten(-1, (self.kv_heads, self.head_dim))
-        q = rotate_interleaved(q, *rope).to(dtype).transpose(1, 2)
-        k = rotate_interleaved(k, *rope).to(dtype).transpose(1, 2)
-        v = v.transpose(1, 2)
+        q, k = self.rotary(q, k, *rope, dtype)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         grouped = self.heads != self.kv_heads
         if grouped and self.materialise_kv_heads:
             rep = self.heads // self.kv_heads
@@ -300,6 +320,7 @@ class Transformer2DModel(nn.Module):
         super().__init__()
         self.config = config
         self.rope_embedder = RotaryEmbedding3D(config)
+        self.joint_rope = JointRope()
         self.x_embedder = nn.Linear(config.patch_size**2 * config.in_channels, config.hidden_size, bias=True)
         self.time_caption_embed = TimestepCaptionEmbedding(config)
         self.context_refiner = nn.ModuleList(
@@ -387,7 +408,7 @@ class Transformer2DModel(nn.Module):
         img_mask = torch.ones(batch, grid_h * grid_w, dtype=torch.bool, device=latents.device)
         text_rope = self.rope_embedder(text_position_ids(text_mask), rope_dtype)
         img_rope = self.rope_embedder(image_position_ids(text_mask, grid_h, grid_w), rope_dtype)
-        joint_rope = (torch.cat([text_rope[0], img_rope[0]], dim=1), torch.cat([text_rope[1], img_rope[1]], dim=1))
+        joint_rope = self.joint_rope(text_rope, img_rope)
         # No block input may be a view (see block_input): Dynamo would guard on its base.
         temb, text, text_mask, img = (block_input(t) for t in (temb, text, text_mask, img))
         text_rope = tuple(block_input(t) for t in text_rope)

@@ -22,6 +22,13 @@ class VAELoadError(ValueError):
     """The release's VAE cannot be built or loaded (one line)."""
 
 
+def to_uint8_image(image: torch.Tensor) -> torch.Tensor:
+    """`[B, 3, H, W]` in [-1, 1] -> uint8 `[B, H, W, 3]` as diffusers postprocesses it (fp32 or wider);
+    a module-level function so the harness can read the VAE's float output (a stage point)."""
+    image = (image.to(torch.promote_types(image.dtype, torch.float32)) / 2 + 0.5).clamp(0, 1) * 255
+    return image.round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+
 class VAEDecoder(nn.Module):
     def __init__(self, vae: nn.Module, scaling_factor: float, shift_factor: float) -> None:
         super().__init__()
@@ -31,9 +38,9 @@ class VAEDecoder(nn.Module):
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
         dtype = next(self.vae.parameters()).dtype
-        image = self.vae.decode((latents / self.scaling_factor + self.shift_factor).to(dtype), return_dict=False)[0]
-        image = (image.to(torch.promote_types(image.dtype, torch.float32)) / 2 + 0.5).clamp(0, 1) * 255
-        return image.round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+        return to_uint8_image(
+            self.vae.decode((latents / self.scaling_factor + self.shift_factor).to(dtype), return_dict=False)[0]
+        )
 
 
 def build_vae_decoder(

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 
 from parity.conformance import Checks, shape_text
+from parity.localise.families.dit import JOINT_LAYOUTS, block_counts
+from parity.localise.validate import stage_map_report
 from parity.target import DiTAdapter
 from reference_models.checkpoints import make_checkpoint
 from reference_models.dit.checkpoint import random_state_dict
@@ -42,6 +44,17 @@ def probe(target: Any, device: str) -> list[str]:
         isinstance(adapter.module, torch.nn.Module),
         f"module must be the DiT nn.Module (regional compile and the sampler's stand-in use it), got {type(adapter.module).__name__}",
         "module is an nn.Module",
+    )
+    problems, checked = stage_map_report(adapter, "dit", block_counts(config))
+    checks.problems += problems
+    checks.checked += [checked] if checked else []
+    layout = getattr(adapter, "joint_layout", None)
+    checks.expect(
+        layout is None or layout in JOINT_LAYOUTS,
+        f"joint_layout must be one of {', '.join(JOINT_LAYOUTS)} (or absent), got {layout!r}",
+        f"joint_layout {layout}"
+        if layout
+        else "no joint_layout: a padded velocity case compares the tokens every layout places alike",
     )
     condition = checks.attempt("text_condition(4, seed=0)", lambda: adapter.text_condition(4, 0))
     if not checks.expect(

@@ -37,6 +37,7 @@ docs/mutants.md lists every entry (generated from the catalogue).
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Callable
 from typing import Any
@@ -260,12 +261,12 @@ def shift_from_width_only() -> DiTMutantTarget:
     """The resolution-dependent time shift computed from the width twice (sqrt(w*w) for sqrt(h*w)):
     right on square latents, wrong on every non-square one; image must fail on the non-square case."""
 
-    def width_only(steps: int, latent_height: int, latent_width: int) -> torch.Tensor:
-        return _shipped_schedule(steps, latent_width, latent_width)
+    def width_only(schedule: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        return lambda steps, latent_height, latent_width: schedule(steps, latent_width, latent_width)
 
     return DiTMutantTarget(
         "shift_from_width_only",
-        lambda adapter: _while_running(adapter, "flow_match_timesteps", width_only, ("sample", "timesteps")),
+        lambda adapter: _around(adapter, "flow_match_timesteps", width_only, ("sample", "timesteps")),
     )
 
 
@@ -273,14 +274,14 @@ def cfg_range_end_exclusive() -> DiTMutantTarget:
     """CFG's range read as half-open, `lo <= i/N < hi`: the step at the upper bound loses CFG;
     image must fail on the half-range case."""
 
-    def half_open(steps: int, guidance_scale: float, cfg_range: tuple[float, float]) -> list[float]:
-        out, in_range = [], True
-        for i in range(steps):  # the release's latch, with the upper bound excluded
-            in_range = in_range and cfg_range[0] <= i / steps < cfg_range[1]
-            out.append(float(guidance_scale) if in_range else 1.0)
-        return out
+    def half_open(scales: Callable[..., list[float]]) -> Callable[..., list[float]]:
+        def exclusive(steps: int, guidance_scale: float, cfg_range: tuple[float, float]) -> list[float]:
+            # The release's latch with the upper bound excluded: for a float x, `x <= nextafter(hi, -inf)` is `x < hi`.
+            return scales(steps, guidance_scale, (cfg_range[0], math.nextafter(cfg_range[1], -math.inf)))
 
-    return DiTMutantTarget("cfg_range_end_exclusive", lambda adapter: _while_running(adapter, "guidance_per_step", half_open))
+        return exclusive
+
+    return DiTMutantTarget("cfg_range_end_exclusive", lambda adapter: _around(adapter, "guidance_per_step", half_open))
 
 
 MUTANTS = {
@@ -329,6 +330,7 @@ external(
     suite="numerics",
     tests=("parity/suites/dit/test_numerics.py", "-k", "reference"),
     target="parity.suites.dit.mutants:rope_theta_from_llm",
+    stage="rope",
 )
 external(
     "dit-compiled-rope-rotate-half",
@@ -336,6 +338,13 @@ external(
     suite="numerics",
     tests=("parity/suites/dit/test_numerics.py", "-k", "compiled"),
     target="parity.suites.dit.mutants:compiled_rope_rotate_half",
+    stage="context_refiner.0.q_rope",
+    stage_note=(
+        "compile-only: eager parity is intact, and its compiled attention rotates q and k without passing the rotary "
+        "stage point, so q_rope/k_rope are not observed there and the compiled chain names the first attention output "
+        "whose RoPE angles are not all zero (context_refiner.0.attn, or noise_refiner.0.attn for text of 0 or 1 tokens); "
+        "the compile-only bisection names the piece, context_refiner.0.attn (compile_only_piece)"
+    ),
 )
 
 
@@ -346,16 +355,23 @@ external(
 # ---------------------------------------------------------------------------------------------
 
 
-def _while_running(adapter: Any, attribute: str, replacement: Any, methods: tuple[str, ...] = ("sample",)) -> None:
-    """`adapter.<method>` for each of `methods` runs with `serving_models.dit.adapter.<attribute>` replaced."""
+def _around(adapter: Any, attribute: str, change: Callable[[Any], Any], methods: tuple[str, ...] = ("sample",)) -> None:
+    """`adapter.<method>` for each of `methods` runs with `serving_models.dit.adapter.<attribute>`
+    replaced by `change(<the function there at that call>)`: a defect in how the adapter calls the
+    function (or reads its result), so whatever observes that function (a stage map's `Call`) sees it."""
     for method in methods:
         original = getattr(adapter, method)
 
         def wrapped(*args: Any, _original: Callable = original, **kwargs: Any) -> Any:
-            with mock.patch.object(dit_adapter, attribute, replacement):
+            with mock.patch.object(dit_adapter, attribute, change(getattr(dit_adapter, attribute))):
                 return _original(*args, **kwargs)
 
         setattr(adapter, method, wrapped)
+
+
+def _while_running(adapter: Any, attribute: str, replacement: Any, methods: tuple[str, ...] = ("sample",)) -> None:
+    """`adapter.<method>` for each of `methods` runs with `serving_models.dit.adapter.<attribute>` replaced."""
+    _around(adapter, attribute, lambda _current: replacement, methods)
 
 
 def _per_step_guidance(steps: int, guidance_scale: float, cfg_range: tuple[float, float]) -> list[float]:
@@ -504,6 +520,10 @@ external(
 # the sampler's schedule and CFG range, the decoder
 
 DIT_NUMERICS_EAGER = ("parity/suites/dit/test_numerics.py", "-k", "reference")
+# The empty-text cases run no context refiner (the serving empty-text skip), so a defect in every
+# attention shows first in the noise refiner there: left out where the stage named is the context
+# refiner's (the catalogue's `stage` holds for every case a mutant's selection localises).
+DIT_NUMERICS_EAGER_WITH_TEXT = ("parity/suites/dit/test_numerics.py", "-k", "reference and not text0")
 SERVING_IMAGES = ("parity/suites/dit/test_image.py", "-k", "serving_images")
 IMAGES_IN_FP32 = Kill(
     SERVING_IMAGES,
@@ -519,8 +539,9 @@ external(
     "dit-qk-norm-weights-swapped",
     defect="the loader maps attn.norm_q <-> attn.norm_k: queries get the key norm's weight and back; every tensor is read, and with unit norm weights the outputs were identical",
     suite="numerics",
-    tests=DIT_NUMERICS_EAGER,
+    tests=DIT_NUMERICS_EAGER_WITH_TEXT,
     target="parity.suites.dit.mutants:qk_norm_weights_swapped",
+    stage="context_refiner.0.q_norm",
 )
 external(
     "dit-adaln-bias-dropped",
@@ -528,6 +549,7 @@ external(
     suite="numerics",
     tests=DIT_NUMERICS_EAGER,
     target="parity.suites.dit.mutants:adaln_bias_dropped",
+    stage="noise_refiner.0.adaln",
 )
 external(
     "dit-key-padding-mask-dropped",
@@ -535,6 +557,7 @@ external(
     suite="numerics",
     tests=("parity/suites/dit/test_numerics.py", "-k", "velocity and padded"),
     target="parity.suites.dit.mutants:key_padding_mask_dropped",
+    stage="context_refiner.0.attn",
     cuda=Kill(
         ("parity/suites/dit/test_numerics.py", "-k", "velocity and padded"),
         dtype="fp32",
@@ -551,6 +574,7 @@ external(
     tests=SERVING_IMAGES,
     target="parity.suites.dit.mutants:shift_from_width_only",
     cuda=IMAGES_IN_FP32,
+    stage="timesteps",
 )
 external(
     "dit-cfg-range-end-exclusive",
@@ -559,6 +583,7 @@ external(
     tests=SERVING_IMAGES,
     target="parity.suites.dit.mutants:cfg_range_end_exclusive",
     cuda=IMAGES_IN_FP32,
+    stage="guidance",
 )
 external(
     "dit-decoder-shift-factor-dropped",
@@ -567,4 +592,5 @@ external(
     tests=SERVING_IMAGES,
     target="parity.suites.dit.mutants:decoder_shift_factor_dropped",
     cuda=IMAGES_IN_FP32,
+    stage="decoded",
 )

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from parity.compare import AT_LEAST, MEASURED, threshold_rule
+from parity.compare import AT_LEAST, MEASURED, Verdict, threshold_rule
 from parity.compare.images import psnr, ssim, write_png
 from parity.suites.conftest import require_graph_support
+from parity.suites.dit.localise import explain_image
 from parity.suites.dit.support import (
     CASES,
     IMAGE_DATA_RANGE,
@@ -69,6 +70,11 @@ def generate(adapter: Any, models: DiTModels, case: ImageCase, seed_offset: int)
     return image
 
 
+def _generator(models: DiTModels, case: ImageCase, seed_offset: int) -> Any:
+    """`generate` of one case for any adapter: what the localisation re-runs on each side."""
+    return lambda adapter: generate(adapter, models, case, seed_offset)
+
+
 def save(run_dir: Path, case: ImageCase, variant: str, image: np.ndarray) -> str:
     """Write the PNG (through a temporary file and a rename: both image tests write
     `serving_eager.png`, possibly from two xdist workers) and return its path relative to the run."""
@@ -104,9 +110,9 @@ def judge_pair(
     candidate: tuple[str, np.ndarray, str],
     golden: tuple[np.ndarray, str],
     **where: Any,
-) -> None:
-    """Rows for one (comparison, candidate) pair: the gate `psnr_vs_golden`, with `psnr` and
-    `ssim` (pairwise) beside it. Arguments are (variant, image, relative path)."""
+) -> Verdict:
+    """Rows for one (comparison, candidate) pair: the gate `psnr_vs_golden` (returned), with `psnr`
+    and `ssim` (pairwise) beside it. Arguments are (variant, image, relative path)."""
     comp_name, comp_image, comp_path = comparison
     cand_name, cand_image, cand_path = candidate
     p = psnr(comp_image, cand_image, data_range=DATA_RANGE)
@@ -123,7 +129,7 @@ def judge_pair(
     cand = psnr(golden_image, cand_image, data_range=DATA_RANGE).value
     bound, how = image_bound(golden_image, comp_image, threshold)
     flips = int((golden_image != cand_image).sum())
-    report.verdict(
+    return report.verdict(
         threshold_rule(
             cand,
             bound,
@@ -146,7 +152,7 @@ def test_serving_images_match_reference(case: ImageCase, dit_models: DiTModels, 
     reference = generate(models.reference, models, case, settings.seed)
     serving = generate(models.target, models, case, settings.seed)
     golden = golden_images.get(models, case, settings.seed, run_dir)
-    judge_pair(
+    verdict = judge_pair(
         report,
         threshold,
         ("reference", reference, save(run_dir, case, "reference", reference)),
@@ -156,6 +162,8 @@ def test_serving_images_match_reference(case: ImageCase, dit_models: DiTModels, 
         mode="eager",
         seed=case.seed + settings.seed,
     )
+    if not verdict.ok:  # which stage of the sampling loop or the decoder (docs/localise.md)
+        explain_image(models, _generator(models, case, settings.seed), "eager", report, run_dir, case=case.name)
 
 
 def test_compiled_images_match_eager(dit_models: DiTModels, report, settings, run_dir, golden_images) -> None:
@@ -172,10 +180,11 @@ def test_compiled_images_match_eager(dit_models: DiTModels, report, settings, ru
     eager = {case.name: generate(adapter, models, case, settings.seed) for case in cases}
     goldens = {case.name: golden_images.get(models, case, settings.seed, run_dir) for case in cases}
 
+    failing = []
     with compiled_for_comparison(report, adapter):
         for case in cases:
             compiled = generate(adapter, models, case, settings.seed)
-            judge_pair(
+            verdict = judge_pair(
                 report,
                 threshold,
                 ("serving_eager", eager[case.name], save(run_dir, case, "serving_eager", eager[case.name])),
@@ -185,3 +194,8 @@ def test_compiled_images_match_eager(dit_models: DiTModels, report, settings, ru
                 mode="compiled",
                 seed=case.seed + settings.seed,
             )
+            if not verdict.ok:
+                failing.append(case)
+    # Which stage, compiled again with stage taps, outside the counted compile (docs/localise.md).
+    for case in failing:
+        explain_image(models, _generator(models, case, settings.seed), "compiled", report, run_dir, case=case.name)

@@ -20,6 +20,7 @@ import torch
 
 from parity.compare import Verdict, better_of, diff, flag_rule, golden_noise_rule
 from parity.suites.conftest import require_graph_support
+from parity.suites.dit.localise import explain_compile_only, explain_forward
 from parity.suites.dit.support import (
     CASES,
     BlockCase,
@@ -67,7 +68,7 @@ def _magnitude(report: Any, tensor: torch.Tensor, **where: Any) -> None:
 
 
 @pytest.mark.parametrize("case", CASES["velocity"], ids=[c.name for c in CASES["velocity"]])
-def test_velocity_matches_reference(case: VelocityCase, dit_models: DiTModels, report, settings) -> None:
+def test_velocity_matches_reference(case: VelocityCase, dit_models: DiTModels, report, settings, run_dir) -> None:
     models = dit_models
     require_size("velocity", case, models.size)
     seed = case.seed + settings.seed
@@ -77,8 +78,10 @@ def test_velocity_matches_reference(case: VelocityCase, dit_models: DiTModels, r
     got = forward(models.target, inputs)
     golden = forward(models.golden, inputs)
     where = dict(case=case.name, site="velocity", mode="eager", seed=seed)
-    judge(report, expected, got, golden, name=f"velocity {tuple(got.shape)}", **where)
+    verdict = judge(report, expected, got, golden, name=f"velocity {tuple(got.shape)}", **where)
     _magnitude(report, golden, **where)
+    if not verdict.ok:  # which stage: re-run the case with stage taps (docs/localise.md)
+        explain_forward(models, inputs, "eager", report, run_dir, case=case.name)
 
 
 def _block_outputs(adapter: Any, inputs: tuple[torch.Tensor, ...]) -> dict[str, list[torch.Tensor]]:
@@ -94,7 +97,7 @@ def _block_outputs(adapter: Any, inputs: tuple[torch.Tensor, ...]) -> dict[str, 
 
 
 @pytest.mark.parametrize("case", CASES["blocks"], ids=[c.name for c in CASES["blocks"]])
-def test_blocks_match_reference(case: BlockCase, dit_models: DiTModels, report, settings) -> None:
+def test_blocks_match_reference(case: BlockCase, dit_models: DiTModels, report, settings, run_dir) -> None:
     models = dit_models
     require_size("blocks", case, models.size)
     seed = case.seed + settings.seed
@@ -103,12 +106,13 @@ def test_blocks_match_reference(case: BlockCase, dit_models: DiTModels, report, 
     expected = _block_outputs(models.reference, inputs)
     got = _block_outputs(models.target, inputs)
     golden = _block_outputs(models.golden, inputs)
+    verdicts = []
     for name, _ in models.reference.block_sites():
         where = dict(case=case.name, site=f"block.{name}", mode="eager", seed=seed)
         ref_calls, cand_calls = expected[name], got.get(name)
         if cand_calls is None or len(cand_calls) != len(ref_calls):
             found = "no such site" if cand_calls is None else f"{len(cand_calls)} non-empty calls"
-            report.verdict(
+            verdict = report.verdict(
                 flag_rule(
                     False,
                     metric="calls",
@@ -118,12 +122,15 @@ def test_blocks_match_reference(case: BlockCase, dit_models: DiTModels, report, 
                 ),
                 **where,
             )
+            verdicts.append(verdict)
             continue
         for i, (ref_out, cand_out) in enumerate(zip(ref_calls, cand_calls)):
-            judge(report, ref_out, cand_out, golden[name][i], name=f"{name} {tuple(cand_out.shape)}", **where)
+            verdicts.append(judge(report, ref_out, cand_out, golden[name][i], name=f"{name} {tuple(cand_out.shape)}", **where))
+    if not all(v.ok for v in verdicts):  # which stage inside the first diverging block (docs/localise.md)
+        explain_forward(models, inputs, "eager", report, run_dir, case=case.name)
 
 
-def test_compiled_velocity_matches_eager(dit_models: DiTModels, report, settings) -> None:
+def test_compiled_velocity_matches_eager(dit_models: DiTModels, report, settings, run_dir) -> None:
     """Regional compile with Inductor (fullgraph, dynamic), one compile for all cases of the size;
     eager outputs (and goldens) are taken first, on the same module. The cases share one test on
     purpose: the compiled module serves them all (one compile, as a serving engine pays it), where
@@ -142,8 +149,16 @@ def test_compiled_velocity_matches_eager(dit_models: DiTModels, report, settings
         golden = forward(models.golden, inputs)
         prepared.append((case, seed, inputs, forward(adapter, inputs), golden))
 
+    failing = []
     with compiled_for_comparison(report, adapter):
         for case, seed, inputs, eager, golden in prepared:
             compiled = forward(adapter, inputs)
             where = dict(case=case.name, site="velocity", mode="compiled", seed=seed)
-            judge(report, eager, compiled, golden, name=f"compiled velocity {tuple(compiled.shape)}", **where)
+            if not judge(report, eager, compiled, golden, name=f"compiled velocity {tuple(compiled.shape)}", **where).ok:
+                failing.append((case, inputs))
+    # Which stage, compiled again with stage taps, outside the counted compile (docs/localise.md).
+    for case, inputs in failing:
+        explain_forward(models, inputs, "compiled", report, run_dir, case=case.name)
+    if failing:  # compiled against the eager target itself: a compile-only divergence, bisected once
+        case, inputs = failing[0]
+        explain_compile_only(models, inputs, report, case=case.name)
