@@ -44,11 +44,28 @@ def _gather_padded(tensor: torch.Tensor, capacity: int, fill: float, group) -> t
     return torch.cat(parts)
 
 
+# Where each stage of parity's routing vocabulary is in the reference (docs/localise.md §1): the
+# keys and scores of every row at once, the selection row by row (the per-row calls stack into a
+# table of the real rows), the output of `select_experts`. With `golden=True` the same functions
+# give fp64 scores and weights for the experts its fp32 keys select.
+_ROUTER = "reference_models.routing.router"
+STAGE_MAP = {
+    "scores": {"function": f"{_ROUTER}:weight_scores"},
+    "keys": {"function": f"{_ROUTER}:_row_keys", "output": 0},
+    "group_mask": {"function": f"{_ROUTER}:group_keep", "output": 0},
+    "topk_ids": {"function": f"{_ROUTER}:route_row", "output": 0},
+    "weights": {"function": f"{_ROUTER}:route_row", "output": 1},
+    "masked_ids": {"function": f"{_ROUTER}:select_experts", "output": 1},
+    "masked_weights": {"function": f"{_ROUTER}:select_experts", "output": 0},
+}
+
+
 class ReferenceRouter:
     """Plain per-row reference router."""
 
     name = "reference"
     supports_capture = False
+    stage_map = STAGE_MAP
     RoutingResult = routing.RoutingResult
     RoutingMargins = routing.RoutingMargins
     SwiGLUExperts = moe_experts.SwiGLUExperts

@@ -156,10 +156,18 @@ class RowScores:
 def kept_experts(row: RowScores, config: RoutingConfig, has_bias: bool) -> tuple[list[int], list[float]]:
     """Experts left after group-limited selection (all candidates without groups), and the group
     scores (empty without groups)."""
-    num_experts = len(row.keys)
-    candidates = [e for e in range(num_experts) if row.is_candidate[e]]
+    candidates = [e for e in range(len(row.keys)) if row.is_candidate[e]]
     if config.num_expert_group is None:
         return candidates, []
+    keep, group_scores = group_keep(row, config, has_bias)
+    # Experts of dropped groups leave the candidate set: their key is -inf, never 0.0.
+    return [e for e in candidates if keep[e]], group_scores
+
+
+def group_keep(row: RowScores, config: RoutingConfig, has_bias: bool) -> tuple[list[bool], list[float]]:
+    """Grouped rows only: bool [E], the experts inside the row's `topk_group` best groups, and the
+    group scores (a function of its own so that a localisation reads the row's group mask)."""
+    num_experts = len(row.keys)
     group_size = num_experts // config.num_expert_group
     group_scores: list[float] = []
     for g in range(config.num_expert_group):
@@ -171,9 +179,10 @@ def kept_experts(row: RowScores, config: RoutingConfig, has_bias: bool) -> tuple
         else:
             score = best[0] if best else -math.inf
         group_scores.append(score)
-    kept_groups = set(rank_by_key(group_scores, list(range(config.num_expert_group)))[: config.topk_group])
-    # Experts of dropped groups leave the candidate set: their key is -inf, never 0.0.
-    return [e for e in candidates if e // group_size in kept_groups], group_scores
+    keep = [False] * num_experts
+    for g in rank_by_key(group_scores, list(range(config.num_expert_group)))[: config.topk_group]:
+        keep[g * group_size : (g + 1) * group_size] = [True] * group_size
+    return keep, group_scores
 
 
 def select_row(row: RowScores, config: RoutingConfig, has_bias: bool) -> list[int]:
@@ -202,6 +211,34 @@ def _sigmoid_weights(selected: list[int], scores: np.ndarray, renormalize: bool,
         total = dtype(total + dtype(RENORM_EPS))
         weights = [dtype(w / total) for w in weights]
     return weights
+
+
+def route_row(
+    row: RowScores, scores: np.ndarray, config: RoutingConfig, has_bias: bool, dtype: type
+) -> tuple[np.ndarray, np.ndarray]:
+    """One row's routed slots: int32 [k] ids in slot order (-1 past its candidates) and [k] weights
+    in `dtype` after renormalisation, before the scaling factor (0 on -1 slots)."""
+    selected = select_row(row, config, has_bias)
+    ids = np.full(config.k, NO_EXPERT, dtype=np.int32)
+    weights = np.zeros(config.k, dtype=dtype)
+    if selected:
+        if config.scoring == "softmax":
+            weights[: len(selected)] = _softmax_weights(selected, scores, row.is_candidate, config.renormalize, dtype)
+        else:
+            weights[: len(selected)] = _sigmoid_weights(selected, scores, config.renormalize, dtype)
+        ids[: len(selected)] = selected
+    return ids, weights
+
+
+def weight_scores(logits: torch.Tensor, candidates: torch.Tensor, scoring: str, golden: bool) -> np.ndarray:
+    """The scoring function's output for every row in the weight dtype (fp64 for the golden):
+    softmax `p = exp(x - max over the row's candidates)` (0 off the candidates, which are never
+    read), sigmoid σ(x). `candidates`: the finite fp32 logits."""
+    x_w = logits.to(torch.float64 if golden else torch.float32)
+    if scoring == "softmax":
+        row_max = torch.where(candidates, x_w, torch.full_like(x_w, -math.inf)).amax(dim=1, keepdim=True)
+        return torch.where(candidates, torch.exp(x_w - row_max), torch.zeros_like(x_w)).cpu().numpy()
+    return sigmoid(x_w).cpu().numpy()
 
 
 def _row_keys(x32: torch.Tensor, bias: torch.Tensor | None, scoring: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -260,16 +297,9 @@ def select_experts(
     weight_dtype = np.float64 if golden else np.float32
     x32 = logits.to(torch.float32)
     bias32 = None if correction_bias is None else correction_bias.to(device=logits.device, dtype=torch.float32)
-    keys, is_candidate, scores = _row_keys(x32, bias32, scoring)
+    keys, is_candidate, _ = _row_keys(x32, bias32, scoring)
     # Weights use the same formulas in the weight dtype (fp64 for the golden).
-    x_w = logits.to(torch.float64 if golden else torch.float32)
-    if scoring == "softmax":
-        # p = exp(x - max over the row's candidates), elementwise; non-candidates are never read.
-        finite = torch.isfinite(x32)
-        row_max = torch.where(finite, x_w, torch.full_like(x_w, -math.inf)).amax(dim=1, keepdim=True)
-        scores_w = torch.exp(x_w - row_max).cpu().numpy()
-    else:
-        scores_w = sigmoid(x_w).cpu().numpy()
+    scores_w = weight_scores(logits, torch.isfinite(x32), scoring, golden)
 
     width = k + num_shared_experts
     # Filled row by row in numpy (an element write into a tensor costs microseconds), handed over at the end.
@@ -281,16 +311,9 @@ def select_experts(
 
     for r in range(count_real_rows(num_valid_rows, num_rows)):
         row = RowScores(keys[r].tolist(), is_candidate[r].tolist())
-        selected = select_row(row, config, correction_bias is not None)
-        if not selected:
-            row_weights = []
-        elif scoring == "softmax":
-            row_weights = _softmax_weights(selected, scores_w[r], row.is_candidate, renormalize, weight_dtype)
-        else:
-            row_weights = _sigmoid_weights(selected, scores_w[r], renormalize, weight_dtype)
-        for slot, (expert, w) in enumerate(zip(selected, row_weights)):
-            ids[r, slot] = expert
-            weights[r, slot] = float(weight_dtype(w * rsf) if folded else w)
+        row_ids, row_weights = route_row(row, scores_w[r], config, correction_bias is not None, weight_dtype)
+        ids[r, :k] = row_ids
+        weights[r, :k] = row_weights * rsf if folded else row_weights  # -1 slots stay 0
         for i in range(num_shared_experts):
             ids[r, k + i] = num_experts + i
             weights[r, k + i] = float(shared_weight)

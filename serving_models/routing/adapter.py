@@ -49,12 +49,33 @@ from serving_models.routing import distributed as routing_distributed
 from serving_models.routing import experts as moe_experts
 from serving_models.routing import router as routing
 
+# Where each stage of parity's routing vocabulary is in this router (docs/localise.md §1): the
+# module-level functions of `serving_models.routing.router` that produce it, read in eager runs.
+# Softmax and sigmoid routing run different functions; the first of the alternatives the run called
+# is read (the keys: the grouped mask's input, else the ranking's input, which without groups is
+# the keys themselves).
+_ROUTER = "serving_models.routing.router"
+_ROUTE = ({"function": f"{_ROUTER}:_route_softmax"}, {"function": f"{_ROUTER}:_route_sigmoid"})
+STAGE_MAP = {
+    "scores": [{"function": f"{_ROUTER}:softmax_scores"}, {"function": f"{_ROUTER}:sigmoid_fp32"}],
+    "keys": [
+        {"function": f"{_ROUTER}:_group_keep_mask", "input": True},
+        {"function": f"{_ROUTER}:rank_candidates", "input": True},
+    ],
+    "group_mask": {"function": f"{_ROUTER}:_group_keep_mask"},
+    "topk_ids": [{**route, "output": 1} for route in _ROUTE],
+    "weights": [{**route, "output": 0} for route in _ROUTE],
+    "masked_ids": {"function": f"{_ROUTER}:select_experts", "output": 1},
+    "masked_weights": {"function": f"{_ROUTER}:select_experts", "output": 0},
+}
+
 
 class ServingRouter:
     """Graph-safe router of the serving target."""
 
     name = "serving"
     supports_capture = True
+    stage_map = STAGE_MAP
     RoutingResult = routing.RoutingResult
     SwiGLUExperts = moe_experts.SwiGLUExperts
 

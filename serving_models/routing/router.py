@@ -163,13 +163,19 @@ def _group_keep_mask(keys: torch.Tensor, num_expert_group: int, topk_group: int,
     return keep.unsqueeze(-1).expand(rows, num_expert_group, num_experts // num_expert_group).reshape(rows, num_experts)
 
 
+def softmax_scores(x: torch.Tensor) -> torch.Tensor:
+    """p = exp(x - max over the row's candidates), 0 off the candidates (docs/routing.md §2): the
+    softmax numerators the weights divide by the selected or the full sum."""
+    is_candidate = torch.isfinite(x)
+    row_max = torch.where(is_candidate, x, torch.full_like(x, float("-inf"))).amax(dim=-1, keepdim=True)
+    return torch.where(is_candidate, torch.exp(x - row_max), torch.zeros_like(x))
+
+
 def _route_softmax(x: torch.Tensor, k: int, renormalize: bool, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """docs/routing.md §2: key = fp32 logit; p = exp(x - max); renormalize over the selected or the full row."""
     is_candidate = torch.isfinite(x)
     neg_inf = torch.full_like(x, float("-inf"))
-    all_keys = torch.where(is_candidate, x, neg_inf)
-    row_max = all_keys.amax(dim=-1, keepdim=True)
-    p = torch.where(is_candidate, torch.exp(x - row_max), torch.zeros_like(x))
+    p = softmax_scores(x)
 
     if keep is not None:
         is_candidate = is_candidate & keep

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from parity.conformance import Checks, shape_text
+from parity.localise.validate import stage_map_report
 from parity.target import RouterAdapter, router_result_problem
 
 
@@ -50,6 +51,9 @@ def probe(target: Any, device: str) -> list[str]:
         f"supports_capture must be a bool (False: the graph modes of the routing suite skip), got {supports!r}",
         f"supports_capture {supports}",
     )
+    problems, checked = stage_map_report(router, "routing", 0)  # where its stages are, for localising a failing case
+    checks.problems += problems
+    checks.checked += [checked] if checked else []
     tokens, experts, k = 4, 8, 2
     logits = torch.linspace(-1, 1, tokens * experts, device=device).reshape(tokens, experts)
     call = f"select_experts(logits [{tokens}, {experts}], k={k}, renormalize=True)"

@@ -569,15 +569,23 @@ def pad_points() -> list[PadPoint]:
     return [PadPoint(kind, count, fill) for kind in spec.kinds for count in spec.counts for fill in spec.fills]
 
 
+def pad_inputs(point: PadPoint, device: torch.device, seed: int) -> tuple[torch.Tensor, int, dict[str, Any]]:
+    """(logits, count, options) of a pad- case: real rows, then garbage or NaN pad rows."""
+    spec: PadSpec = CASES["pad"]
+    kind, rows_ = KINDS[point.kind], spec.rows
+    count = resolve_count(point.count, rows_)
+    gen = generator(seed, rows_, count, spec.fills.index(point.fill))
+    logits = fill_pad_rows(2.0 * torch.randn(rows_, spec.experts, generator=gen), min(max(count, 0), rows_), point.fill, gen)
+    options = routing_options(kind, spec.experts, spec.k, spec.renormalize, make_bias(kind, spec.experts, seed, device))
+    return logits.to(device), count, options
+
+
 def pad_rows(router: Any, point: PadPoint, device: torch.device, seed: int) -> list[Check]:
     """Pad rows -1 / 0 in every column; real rows equal an unpadded run bit for bit and the reference."""
     spec: PadSpec = CASES["pad"]
     kind, rows_, name = KINDS[point.kind], spec.rows, point.name(spec.rows)
-    count = resolve_count(point.count, rows_)
+    logits, count, options = pad_inputs(point, device, seed)
     real = min(max(count, 0), rows_)
-    gen = generator(seed, rows_, count, spec.fills.index(point.fill))
-    logits = fill_pad_rows(2.0 * torch.randn(rows_, spec.experts, generator=gen), real, point.fill, gen).to(device)
-    options = routing_options(kind, spec.experts, spec.k, spec.renormalize, make_bias(kind, spec.experts, seed, device))
     width = spec.k + kind.num_shared_experts
 
     result = router.select_experts(logits, spec.k, num_valid_rows=count_tensor(count, device), **options)
