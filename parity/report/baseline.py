@@ -426,6 +426,8 @@ class Comparison:
     matched: int
     info_moves: pd.DataFrame = dataclasses.field(default_factory=lambda: pd.DataFrame(columns=OUTCOME_COLUMNS))
     config: str = ""  # the configuration both sides share (what was compared)
+    # The cases the baseline holds: a new row of one of them (a failing case's stage chain) is no new case.
+    baseline_cases: frozenset[tuple[str, ...]] = frozenset()
 
     def large_info_moves(self) -> pd.DataFrame:
         """Info rows that moved by more than `INFO_LIST_FACTOR`, or to / from a non-finite value."""
@@ -446,7 +448,11 @@ class Comparison:
         return self.regressions.empty and self.vanished_gate_rows == 0
 
     def new_cases(self) -> pd.DataFrame:
-        return _cases(self.new)
+        """Cases the baseline does not hold, with their rows (new rows of a case it holds are not one)."""
+        if self.new.empty or not self.baseline_cases:
+            return _cases(self.new)
+        held = [tuple(key) in self.baseline_cases for key in self.new[CASE_KEYS].itertuples(index=False)]
+        return _cases(self.new[[not h for h in held]])
 
     def vanished_cases(self) -> pd.DataFrame:
         return _cases(self.vanished)
@@ -679,6 +685,7 @@ def compare_rows(
         suites_not_run=not_run,
         matched=matched,
         info_moves=frames["info"],
+        baseline_cases=frozenset(old[CASE_KEYS].itertuples(index=False, name=None)),
     )
 
 

@@ -1,8 +1,10 @@
 """`index.html`: one static page per run directory that a reviewer opens from disk.
 
 In order: the model families the target does not provide (one line each), what failed (the
-per-suite summary, the failing rows, the checks that did not run grouped by reason), what changed
-against the baseline, then one view per suite that has one and has rows in this run (where numerics
+per-suite summary, the failing rows, the checks that did not run grouped by reason), where each
+failing case that was localised diverges (its stage chain: the blamed stage, the stages, a plot of
+each stage's error against its bound, the repro; absent when no case was), what changed against
+the baseline, then one view per suite that has one and has rows in this run (where numerics
 diverged, where decoding diverged, what recompiled and why, what the images look like, the routing
 audit, the sensitivity table), every suite's rows (failing rows first) and the environment.
 
@@ -41,6 +43,15 @@ import pandas as pd
 
 from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, SKIP, TIE_FLIP
 from parity.report.baseline import INFO_LIST_FACTOR, Comparison
+from parity.report.chains import (
+    LINE_COLUMNS,
+    Localised,
+    StageChain,
+    chain_lines,
+    localise_mask,
+    localised_cases,
+    repro_file,
+)
 from parity.report.plots import (
     AR_LAYERS,
     DIT_BLOCKS,
@@ -51,6 +62,7 @@ from parity.report.plots import (
     load_png,
     site_family,
     site_order,
+    stage_chain_plot,
 )
 from parity.report.review import Review, failing_first, failing_suites_first, used_share
 from parity.report.rows import NOT_PROVIDED, RESULTS_FILE, RUN_INFO_FILE, mutation_score, summarize
@@ -93,6 +105,8 @@ img.broken { outline: 3px solid crimson; min-width: 40px; min-height: 40px; }
 #not-provided p { margin: .2em 0; padding: .3em .8em; background: #f1f1f4; border-left: 4px solid #999; }
 table.tokens td.tokens { font-family: ui-monospace, monospace; font-size: 12px; max-width: 60em; overflow-wrap: anywhere; }
 mark { background: #f8c4c4; font-weight: 600; }
+tr.blamed td { background: #f8c4c4; font-weight: 600; } tr.not_applicable td { color: #777; }
+tr.folded td { font-style: italic; } .blamed-stage { font-size: 1.05em; } .blamed-stage b { color: #8a1212; }
 """
 
 # Marks the page with how many of its images loaded, and flags any that did not (a moved file),
@@ -461,6 +475,131 @@ def baseline_section(review: Review) -> str:
     body.append(table(moves, outcome_columns, row_class=_outcome_class("")) if not moves.empty else note("none"))
     body.append("</details>")
     return section("baseline", "Against the baseline", "\n".join(body))
+
+
+# ---------------------------------------------------------------------------------------------
+# Where it diverges: the stage chains of the failing cases (parity.report.chains)
+# ---------------------------------------------------------------------------------------------
+
+LOCALISE_ANCHOR = "localise"
+MAX_LOCALISED = 12  # localised cases drawn in full (table and plot); more are one line each
+
+
+def _case_verdict(frame: pd.DataFrame, found: Localised) -> str:
+    rows = frame[(frame["suite"] == found.suite) & (frame["case"] == found.case) & (frame["mode"] == found.mode)]
+    return _gate_verdict(rows)
+
+
+def _repro_line(review: Review, relative: str) -> str:
+    """A link to the repro the blame row names, only when it is a file inside the run directory."""
+    if not relative:
+        return ""
+    path = repro_file(review.run_dir, relative)
+    if path is None:
+        return note(f"repro {relative}: no such file inside this run directory")
+    rel = path.relative_to(review.run_dir).as_posix()
+    return (
+        f'<p class="repro">Repro: <a class="repro" href="{href(rel)}">{esc(rel)}</a> '
+        f"(standalone where parity is installed: <code>python {esc(rel)}</code>)</p>"
+    )
+
+
+def _piece_lines(pieces: pd.DataFrame) -> list[str]:
+    """The compile-only bisection's answer: the smallest compiled module that differs from itself run eagerly."""
+    lines = []
+    for _, piece in pieces.iterrows():
+        named = (
+            f"the smallest compiled piece whose output differs from the same piece run eagerly is <code>{esc(piece['site'])}</code>: "
+            if piece["site"]
+            else ""
+        )
+        lines.append(f'<p class="compile-piece">Compile-only: {named}{esc(piece["detail"])}</p>')
+    return lines
+
+
+def _chain_block(review: Review, found: Localised, chain: StageChain, chain_index: int, n: int, assets: Assets) -> str:
+    """One chain: the blamed stage, the summary, the repro, the stage table and the plot."""
+    body = []
+    if len(found.chains) > 1:
+        body.append(f"<h4>Localisation {n + 1} of {len(found.chains)}</h4>")
+    if chain.blamed:
+        body.append(f'<p class="blamed-stage">First diverging stage: <b>{esc(chain.blamed)}</b></p>')
+    body.append(f'<p class="chain-summary">{esc(chain.summary)}</p>')
+    body.append(_repro_line(review, chain.repro))
+    if chain.stages.empty:
+        return "\n".join(body + [note("no stage rows before its first_diverging_stage row")])
+    lines, folded = chain_lines(chain)
+    if folded:
+        opened = f"every stage of the layer holding {chain.focus()}, " if chain.focus() else ""
+        body.append(
+            note(
+                f"{len(chain.stages)} stages: {opened}every stage outside the layers, and the other {folded} layers one line "
+                f"each (how many stages diverged, the worst against its bound); every stage is a row of {RESULTS_FILE}"
+            )
+        )
+    body.append(table(lines, LINE_COLUMNS, row_class=lambda row: row["_class"], table_id=f"stages-{chain_index}"))
+    where = f"{found.suite} / {found.case} / {found.mode}"
+    stages = chain.stages
+    drawn = stage_chain_plot(
+        stages["site"].tolist(),
+        stages["value"].tolist(),
+        stages["threshold"].tolist(),
+        assets.path(f"stages-{found.suite}-{found.case}-{found.mode}"),
+        f"{where}: error against its bound, stage by stage",
+        chain.blamed,
+    )
+    if drawn is None:
+        body.append(note("no stage was judged: nothing to plot"))
+    else:
+        path, caption = drawn
+        text = f"{where}: each stage's value / bound in execution order, log scale; dashed line: the bound"
+        body.append(
+            f'<figure><img src="{href(assets.relative(path))}" alt="{esc(where)}: stage chain">'
+            f"<figcaption>{esc(text)}{esc('; ' + caption) if caption else ''}</figcaption></figure>"
+        )
+    return "\n".join(b for b in body if b)
+
+
+def localise_section(review: Review, assets: Assets) -> str:
+    """Where each localised case diverges; '' when no case was localised (no section, no link)."""
+    cases = localised_cases(review.frame)
+    if not cases:
+        return ""
+    body = [
+        "<p>Each failing case the suites re-ran with stage taps: every stage of its family in execution order, "
+        "its error against the fp64 golden (an exact stage: entries that differ from the reference) and the bound "
+        "the golden noise floor gives it. The stage blamed is the first out of bound whose inputs are within bound; "
+        "a stage that only inherits the error is not blamed (docs/localise.md §3).</p>"
+    ]
+    chain_index = 0
+    for k, found in enumerate(cases[:MAX_LOCALISED]):
+        where = f"{found.suite} / {found.case} / {found.mode}"
+        verdict = _case_verdict(review.frame, found)
+        body.append(f'<div class="localised" id="localise-{k}">')
+        body.append(f"<h3>{esc(where)}: {esc(verdict)}</h3>")
+        body += _piece_lines(found.pieces)
+        for n, chain in enumerate(found.chains):
+            body.append(_chain_block(review, found, chain, chain_index, n, assets))
+            chain_index += 1
+        body.append("</div>")
+    rest = cases[MAX_LOCALISED:]
+    if rest:
+        frame = pd.DataFrame(
+            [
+                {
+                    "suite": found.suite,
+                    "case": found.case,
+                    "mode": found.mode,
+                    "first_diverging_stage": ", ".join(c.blamed for c in found.chains if c.blamed),
+                    "repro": ", ".join(c.repro for c in found.chains if c.repro),
+                    "detail": " | ".join(c.summary for c in found.chains),
+                }
+                for found in rest
+            ]
+        )
+        body.append(f"<h3>{len(rest)} more localised cases</h3>")
+        body.append(table(frame, frame.columns.tolist(), row_class=lambda _: FAIL, table_id="localised-more"))
+    return section(LOCALISE_ANCHOR, "Where it diverges", "\n".join(body))
 
 
 def _first_divergence(rows: pd.DataFrame) -> pd.DataFrame:
@@ -959,6 +1098,7 @@ def suite_views(review: Review, assets: Assets) -> list[tuple[SuiteView, str]]:
     reads only the rows that ran; its skipped tests are one line per reason, and a suite that only
     skipped is those lines (a family the target does not provide has no view: it is a line at the top)."""
     frame = listed(review.frame)
+    frame = frame[~localise_mask(frame)]  # the stage chains have their own section (localise_section)
     present = set(suites_in(frame))
     out = []
     for view in SUITE_VIEWS:
@@ -1025,10 +1165,11 @@ def environment_section(review: Review) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def navigation(views: Sequence[SuiteView], suites: Sequence[str]) -> str:
+def navigation(views: Sequence[SuiteView], suites: Sequence[str], *, localised: bool = False) -> str:
     """Links to the sections on the page, then to each suite's rows (the suites of this run)."""
     anchors = [
         ("summary", "What failed"),
+        *([(LOCALISE_ANCHOR, "Where it diverges")] if localised else []),
         ("baseline", "Baseline"),
         *((v.anchor, v.nav) for v in views),
         ("rows", "All rows"),
@@ -1059,14 +1200,16 @@ def _render(review: Review, assets: Assets) -> str:
         f"{k}={info.get(k)}" for k in ("target", "device", "device_name", "dtype", "size", "git_sha", "torch") if info.get(k)
     )
     views = suite_views(review, assets)
+    localised = localise_section(review, assets)
     sections = [
         summary_section(review),
+        *([localised] if localised else []),
         baseline_section(review),
         *(html_ for _, html_ in views),
         all_rows_section(review),
         environment_section(review),
     ]
-    nav = navigation([view for view, _ in views], suites_in(listed(review.frame)))
+    nav = navigation([view for view, _ in views], suites_in(listed(review.frame)), localised=bool(localised))
     return "\n".join(
         [
             "<!DOCTYPE html>",

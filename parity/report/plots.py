@@ -1,5 +1,5 @@
-"""The review page's figures: error by layer (numerics), error by step (decode) and difference heat
-maps (images).
+"""The review page's figures: error by layer (numerics), error by step (decode), difference heat
+maps (images) and a failing case's stage chain (error against its bound, stage by stage).
 
 Figures are drawn with matplotlib's object API on an Agg canvas, never through pyplot, so writing a
 page neither needs a display nor changes the backend of a process that imported the harness.
@@ -150,6 +150,106 @@ def decode_step_plot(
     axis.set_title(title, fontsize=9)
     caption = f"exact zeros are drawn at {floor:.3g} (log scale)" if zero_drawn else ""
     return _save(figure, path), caption
+
+
+def _plain(text: str) -> str:
+    """Text from the rows drawn as written: a `$` would start matplotlib's mathtext (and can fail to parse)."""
+    return text.replace("$", r"\$")
+
+
+_STAGE_GROUP = re.compile(r"^(?P<group>[A-Za-z_]+\.\d+)\.")
+MAX_STAGE_LABELS = 24  # layer names on a stage chain plot beyond which every n-th is named
+
+
+def stage_chain_plot(
+    sites: Sequence[str], values: Sequence[float], bounds: Sequence[float], path: Path, title: str, blamed: str = ""
+) -> tuple[Path, str] | None:
+    """A failing case's stages in execution order, each one's value / bound, log scale: the bound
+    is the dashed line at 1, a stage that diverged is red, the blamed one a star named beside it.
+
+    An exact stage (bound 0) is drawn at the floor when it matches and at the top (x) when it does
+    not; a stage not judged (value NaN) leaves a grey tick on the axis. Layers are labelled at
+    their first stage. Returns the PNG path and a caption, or None when no stage was judged."""
+    values = np.asarray(values, dtype=float)
+    bounds = np.asarray(bounds, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(bounds > 0, values / bounds, np.where(values == 0, 0.0, np.inf))
+    share = np.where(np.isnan(values) | np.isnan(bounds), np.nan, share)
+    judged = ~np.isnan(share)
+    if not judged.any():
+        return None
+    finite = share[np.isfinite(share)]
+    positive = finite[finite > 0]
+    floor = float(positive.min()) / 10 if positive.size else 1e-3
+    floor = min(floor, 0.1)
+    ceiling = max(float(finite.max()) * 10 if finite.size else 10.0, 10.0)
+    x = np.arange(len(share))
+    shown = np.clip(np.where(np.isinf(share), ceiling, share), floor, ceiling)
+    diverged = judged & (share > 1)
+    figure = Figure(figsize=(max(7.5, min(16.0, 0.03 * len(share) + 6)), 3.8), layout="constrained")
+    axis = figure.subplots()
+    groups = [m["group"] if (m := _STAGE_GROUP.match(s)) else "" for s in sites]
+    starts = [i for i, g in enumerate(groups) if g and (i == 0 or groups[i - 1] != g)]
+    for i in starts:
+        axis.axvline(i - 0.5, color="0.85", linewidth=0.8, zorder=0)
+    axis.plot(x[judged], shown[judged], color="0.6", linewidth=0.8, zorder=1)
+    exact_miss = judged & np.isinf(share)
+    for mask, colour, label, marker in (
+        (judged & ~diverged, "tab:blue", "within bound", "o"),
+        (diverged & ~exact_miss, "tab:red", "diverged", "o"),
+        (exact_miss, "tab:red", "exact stage differs (drawn at the top)", "x"),
+    ):
+        if mask.any():
+            axis.plot(x[mask], shown[mask], linestyle="none", marker=marker, markersize=3.5, color=colour, label=label, zorder=2)
+    if (~judged).any():
+        axis.plot(
+            x[~judged],
+            np.full(int((~judged).sum()), floor),
+            linestyle="none",
+            marker="|",
+            markersize=8,
+            color="0.55",
+            label="not judged",
+            zorder=2,
+        )
+    if blamed in sites:
+        at = list(sites).index(blamed)
+        if judged[at]:
+            axis.plot(
+                [at],
+                [shown[at]],
+                linestyle="none",
+                marker="*",
+                markersize=14,
+                color="crimson",
+                markeredgecolor="black",
+                label=f"blamed: {_plain(blamed)}",
+                zorder=3,
+            )
+            axis.annotate(_plain(blamed), (at, shown[at]), textcoords="offset points", xytext=(6, 6), fontsize=8, color="crimson")
+    axis.axhline(1.0, color="crimson", linestyle="--", linewidth=1, label="bound (value = bound)")
+    axis.set_yscale("log")
+    axis.set_ylim(floor / 2, ceiling * 2)
+    axis.set_xlim(-0.5, len(share) - 0.5)
+    axis.set_xlabel("stage, in execution order")
+    axis.set_ylabel("value / bound")
+    # Stages outside the layers (and the blamed one) are ticks; each layer is named once, at its first stage.
+    ticks = {i: site for i, (site, group) in enumerate(zip(sites, groups)) if not group or site == blamed}
+    axis.set_xticks(list(ticks))
+    axis.set_xticklabels([_plain(label) for label in ticks.values()], rotation=60, ha="right", fontsize=7)
+    step = max(1, -(-len(starts) // MAX_STAGE_LABELS))
+    for n, i in enumerate(starts):
+        if n % step == 0:
+            axis.text(i, 1.01, _plain(groups[i]), transform=axis.get_xaxis_transform(), fontsize=7, color="0.35", rotation=45)
+    axis.grid(True, which="major", axis="y", alpha=0.3)
+    figure.legend(*axis.get_legend_handles_labels(), loc="outside right upper", fontsize=7)
+    figure.suptitle(_plain(title), fontsize=9)
+    notes = []
+    if positive.size < finite.size:
+        notes.append(f"stages exactly at the golden are drawn at {floor:.3g}")
+    if exact_miss.any():
+        notes.append(f"exact stages that differ are drawn at {ceiling:.3g}")
+    return _save(figure, path), "; ".join(notes)
 
 
 def load_png(path: Path) -> np.ndarray:

@@ -42,6 +42,7 @@ from parity.report.baseline import (
     spec_baseline_path,
     target_name,
 )
+from parity.report.chains import case_notes
 from parity.report.rows import (
     COMPLETE,
     RESULTS_FILE,
@@ -292,9 +293,10 @@ def group_modes(group: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys("-" if pd.isna(mode) or mode == "" else str(mode) for mode in modes))
 
 
-def _group_line(group: pd.DataFrame) -> str:
+def _group_line(group: pd.DataFrame, found: str = "") -> str:
     """One line for rows of one check that differ only in mode: the modes, the worst value and its
-    bound, how many rows the line stands for, and the worst row's detail."""
+    bound, how many rows the line stands for, the worst row's detail and, `found`, what localising
+    its case found (the first diverging stage: kept whole when the detail is cut)."""
     worst = group.iloc[0]
     site = f" @{worst['site']}" if worst["site"] else ""
     value = "" if pd.isna(worst["value"]) else f"{worst['value']:.4g}"
@@ -307,7 +309,18 @@ def _group_line(group: pd.DataFrame) -> str:
         detail = detail[:197] + "..."
     where = f"{worst['suite']}/{worst['case']}{site} {worst['metric']} [{', '.join(group_modes(group))}]"
     value = f" {value}" if value else ""
-    return f"  {worst['verdict']:<8} {where}{value} ({bound}{rows}){detail}"
+    found = (";" if detail else ":") + f" {found}" if found else ""
+    return f"  {worst['verdict']:<8} {where}{value} ({bound}{rows}){detail}{found}"
+
+
+def _found_text(group: pd.DataFrame, notes: dict[tuple[str, str, str], str]) -> str:
+    """What localising the group's case found, per mode (`parity.report.chains.case_notes`); the
+    mode is named unless every mode of the group found the same."""
+    suite, case, modes = group["suite"].iloc[0], group["case"].iloc[0], group_modes(group)
+    found = {mode: notes[(suite, case, mode)] for mode in modes if (suite, case, mode) in notes}
+    if len(found) == len(modes) and len(set(found.values())) == 1:
+        return next(iter(found.values()))
+    return "; ".join(f"[{mode}] {text}" for mode, text in found.items())
 
 
 def format_review(review: Review, *, show_all: bool = False, limit: int = 20) -> str:
@@ -328,6 +341,7 @@ def format_review(review: Review, *, show_all: bool = False, limit: int = 20) ->
     lines += [format_summary(review.summary, frame), ""]
     summary = review.summary
     summary = failing_suites_first(summary)
+    notes = case_notes(frame, review.run_dir)
     for _, suite_row in summary.iterrows():
         suite = suite_row["suite"]
         rows = frame[(frame["suite"] == suite) & (frame["kind"] != "info")]
@@ -339,7 +353,13 @@ def format_review(review: Review, *, show_all: bool = False, limit: int = 20) ->
         header = f"{suite}: {suite_row['cases']} cases, {suite_row['fail']} fail, {suite_row['error']} error, {suite_row['tie_flip']} tie_flip, {suite_row['not_applicable']} not_applicable, {suite_row['skip']} skip"
         lines.append(header)
         groups = group_across_modes(shown)
-        lines += [_group_line(group) for group in groups[:limit]]
+        told: set[tuple[str, str]] = set()  # a case's localisation is said on its first line only
+        for group in groups[:limit]:
+            key = (group["suite"].iloc[0], group["case"].iloc[0])
+            found = "" if key in told or group["verdict"].iloc[0] not in (FAIL, ERROR) else _found_text(group, notes)
+            if found:
+                told.add(key)
+            lines.append(_group_line(group, found))
         if len(groups) > limit:
             rest = sum(len(group) for group in groups[limit:])
             lines.append(

@@ -47,6 +47,7 @@ NOT_IN_REPOSITORY = {
     "images": "a run's generated images, inside a run directory",
     "benchmark": "the benchmarks' profiles, inside a run directory",
     ".parity-review": "the list of files parity wrote into review/",
+    "repro": "a failing case's standalone repro, inside a run directory (repro/<case>-<mode>/)",
     "config.json": "a checkpoint's configuration (make-checkpoint writes it)",
     "model.safetensors": "a checkpoint's tensors (make-checkpoint writes them)",
     "model.safetensors.index.json": "a sharded checkpoint's index",

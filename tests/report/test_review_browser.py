@@ -2,7 +2,8 @@
 and the rendered DOM has the title, the summary table and images that actually loaded; a
 screenshot is taken and is not blank; a hand-made AR-only run renders its absent families as lines,
 a routing section that only skipped as one line, and its decode failure with both sequences and
-the plot.
+the plot; a localised failure renders "Where it diverges" (the blamed stage, the stage table, the
+plot loaded, the repro link), which a passing run does not have.
 
 Needs Debian's `chromium` package (`.ci/run` installs it); skipped with a reason when no Chromium
 binary exists. `PARITY_CHROMIUM` names another binary.
@@ -145,3 +146,33 @@ def test_an_ar_only_page_with_a_decode_failure_renders_its_lines_and_plot(tmp_pa
     assert "review/decode-diverges-eager.png" in decode
     loaded, total = body_counts(dom)
     assert total >= 2 and loaded == total  # the numerics plot and the decode plot
+
+
+def test_a_localised_failure_renders_where_it_diverges_and_a_passing_run_does_not(tmp_path: Path) -> None:
+    """A hand-made run whose failing case carries a stage chain (tests/support/stage_rows.py): the
+    rendered section names the blamed stage, highlights its row of the stage table, links the repro
+    and its plot loads; the same page of a passing run has no such section and no link to it."""
+    from tests.report.test_review_page import AR_ROWS
+    from tests.report.test_review_stages import REPRO, localised_rows, run_with
+
+    run_dir = run_with(tmp_path / "failing", localised_rows(layers=4))
+    dom = rendered_dom(run_dir, tmp_path)
+    parsed = PageParser()
+    parsed.feed(dom)
+    section = re.search(r'<section id="localise">(.*?)</section>', dom, re.S)
+    assert section, "no 'Where it diverges' section in the rendered page"
+    section = section.group(1)
+    assert "Where it diverges" in section and "First diverging stage: <b>layer.0.q_rope</b>" in section
+    stages = parsed.tables["stages-0"]
+    assert [row[1] for row in stages if len(row) > 3 and row[3] == "first diverging"] == ["layer.0.q_rope"]
+    assert re.search(r'<tr class="blamed">\s*<td class="num">5</td>\s*<td>layer.0.q_rope</td>', section)
+    assert f'href="{REPRO}"' in section and (run_dir / REPRO).is_file()
+    plot = re.search(r'<img src="(review/stages-numerics-mixed-eager\.png)"', section)
+    assert plot and not re.search(r'<img[^>]*class="broken"', section)
+    loaded, total = body_counts(dom)
+    assert total >= 2 and loaded == total  # the numerics plot and the stage chain's plot
+    assert 'href="#localise"' in dom
+
+    passing = run_with(tmp_path / "passing", AR_ROWS, repro=False)
+    dom = rendered_dom(passing, tmp_path)
+    assert 'id="localise"' not in dom and "Where it diverges" not in dom and 'href="#localise"' not in dom
