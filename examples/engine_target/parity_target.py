@@ -41,10 +41,47 @@ class MoESite(NamedTuple):
     gen: nn.Module
 
 
+# Where each stage of parity's AR vocabulary is in the engine (docs/localise.md §1), in plain data:
+# fused q|k|v and gate|up are split into the reference's widths; the fused-residual norms and layers
+# return (out, residual), so `output: 0` reads the first (a plain tensor, layer 0's first norm, is
+# read whole). Not declared, so reported "not observable": the embeddings (a method, not a module),
+# q and k after RoPE (the engine's `rotate` is a function) and the layer output (the residual add
+# is fused into the next norm).
+_LAYER = "layers.{layer}"
+STAGE_MAP = {
+    "layer.{layer}.input_norm": {"module": f"{_LAYER}.input_layernorm", "output": 0},
+    **{
+        f"layer.{{layer}}.{part}": {"module": f"{_LAYER}.self_attn.qkv_proj", "split": [f"layer.{{layer}}.{p}" for p in "qkv"]}
+        for part in "qkv"
+    },
+    "layer.{layer}.attn": {"module": f"{_LAYER}.self_attn.o_proj", "input": True},
+    "layer.{layer}.o_proj": f"{_LAYER}.self_attn.o_proj",
+    "layer.{layer}.post_norm": {"module": f"{_LAYER}.post_attention_layernorm", "output": 0},
+    **{
+        f"layer.{{layer}}.{expert}.{part}": {
+            "module": f"{_LAYER}.{expert}.gate_up_proj",
+            "split": [f"layer.{{layer}}.{expert}.gate", f"layer.{{layer}}.{expert}.up"],
+        }
+        for expert in ("mlp", "gen_mlp")
+        for part in ("gate", "up")
+    },
+    **{
+        f"layer.{{layer}}.{expert}.act": {"module": f"{_LAYER}.{expert}.down_proj", "input": True}
+        for expert in ("mlp", "gen_mlp")
+    },
+    **{f"layer.{{layer}}.{expert}.down": f"{_LAYER}.{expert}.down_proj" for expert in ("mlp", "gen_mlp")},
+    "layer.{layer}.moe": {"module": _LAYER, "output": 0},
+    "final_norm": {"module": "norm", "output": 0},
+    "lm_head": "lm_head",
+    "gen_head": "gen_head",
+}
+
+
 class EngineARAdapter:
     name = "engine-example"
     supports_capture = True
     capture = PROBES
+    stage_map = STAGE_MAP  # optional: where parity's stages are in the engine (docs/localise.md)
 
     def __init__(self, model: MammothEngineModel, checkpoint_names: Mapping[str, list[str]]) -> None:
         self.module = model

@@ -80,3 +80,33 @@ def test_a_planted_routing_bug_in_the_example_is_caught(tmp_path: Path) -> None:
     failed = frame[(frame["verdict"] == "fail") & (frame["metric"] == "mismatched_tokens")]
     assert "vocab-boundaries" in set(failed["case"])
     assert failed["detail"].str.contains("id 256: und (want gen)", regex=False).all()
+
+
+@pytest.mark.parametrize(
+    ("variant", "selection", "stage", "unobservable"),
+    [
+        # RoPE is a function inside the engine's attention: the chain names the attention output and
+        # says q and k after RoPE, between it and its within-bound inputs, could not be observed
+        ("make_target_rope_theta_default", ("test_numerics.py", "layer_by_layer and eager"), "layer.0.attn", "layer.0.q_rope"),
+        ("make_target_kv_slot_late", ("test_decode.py", "teacher_forced and eager"), "layer.0.attn", "layer.0.k_rope"),
+        ("make_target_mask_past_start", ("test_numerics.py", "layer_by_layer and eager and vocab"), "layer.2.moe", ""),
+    ],
+)
+def test_the_planted_bugs_are_localised_through_the_examples_stage_map(
+    tmp_path: Path, variant: str, selection: tuple[str, str], stage: str, unobservable: str
+) -> None:
+    """The example declares its stage map (fused q|k|v and gate|up included, docs/localise.md): each
+    planted bug's failing cases name the stage it sits in, and where the engine has no module for a
+    stage (its RoPE is a function), the chain says so instead of guessing."""
+    path, expression = selection
+    code, output, frame = _run(
+        tmp_path, f"tests.support.example_target_variants:{variant}", f"{AR_SUITES}/{path}", "-k", expression
+    )
+    assert code == 1, output[-3000:]
+    blamed = frame[(frame["metric"] == "first_diverging_stage") & (frame["value"] == 1)]
+    assert not blamed.empty, output[-3000:]
+    assert set(blamed["site"]) == {stage}, blamed[["case", "site", "detail"]].to_string()
+    if unobservable:
+        assert blamed["detail"].str.contains(f"{unobservable}", regex=False).all()
+        stages = frame[(frame["metric"] == "stage_rmse_vs_golden") & (frame["site"] == unobservable)]
+        assert stages["detail"].str.startswith("not_observable").all() and not stages.empty

@@ -13,6 +13,52 @@ def make_target_mask_past_start() -> Any:
     return parity_target.make_target()
 
 
+def make_target_rope_theta_default() -> Any:
+    """A porter's planted bug: every attention built with RoPE theta 10000, not the config's."""
+    from examples.engine_target import engine, parity_target
+
+    original = engine.Attention.__init__
+
+    def __init__(self, config) -> None:
+        original(self, config)
+        self.theta = 10000.0
+
+    engine.Attention.__init__ = __init__
+    return parity_target.make_target()
+
+
+def make_target_kv_slot_late() -> Any:
+    """A porter's planted bug: a decode step writes its key and value one cache slot late (the
+    slot its query reads stays empty, the next step's is overwritten)."""
+    import torch
+    import torch.nn.functional as F
+
+    from examples.engine_target import engine, parity_target
+
+    original = engine.Attention.forward
+
+    def forward(self, positions, x, kv_cache):
+        if kv_cache is None or positions.shape[1] != 1:
+            return original(self, positions, x, kv_cache)
+        batch, length, _ = x.shape
+        q, k, v = self.qkv_proj(x).split(list(self.qkv_proj.shards.values()), dim=-1)
+        cos, sin = engine.rotary(positions, self.head_dim, self.theta, x.dtype)
+        q = engine.rotate(q.view(batch, length, self.heads, self.head_dim), cos[:, :, None], sin[:, :, None]).transpose(1, 2)
+        k = engine.rotate(k.view(batch, length, self.kv_heads, self.head_dim), cos[:, :, None], sin[:, :, None]).transpose(1, 2)
+        v = v.view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        late = (positions + 1).clamp(max=kv_cache.shape[3] - 1)
+        index = late[:, None, :, None].expand(-1, self.kv_heads, -1, self.head_dim)
+        kv_cache[0].scatter_(2, index, k)
+        kv_cache[1].scatter_(2, index, v)
+        keys = torch.arange(kv_cache.shape[3], device=x.device)
+        visible = keys[None, None, None, :] <= positions[:, None, :, None]
+        out = F.scaled_dot_product_attention(q, kv_cache[0], kv_cache[1], attn_mask=visible, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+    engine.Attention.forward = forward
+    return parity_target.make_target()
+
+
 def make_target_without_greedy_generate() -> Any:
     """A target whose AR adapter lacks a member of the contract (for `parity check-target`)."""
     from examples.engine_target import parity_target

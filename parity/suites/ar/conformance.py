@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from parity.conformance import Checks, shape_text
+from parity.localise.validate import stage_map_report
 from parity.observe.taps import TapSet
 from parity.suites.ar.support import moe_observation
 from parity.target import ARAdapter, CaptureRegistry
@@ -95,6 +96,9 @@ def probe(target: Any, device: str) -> list[str]:
     ):
         checks.checked.append("supports_capture False: the graph and compiled modes of the AR suites skip")
     checks.require(adapter.capture, CaptureRegistry, f"{checks.what}.capture")
+    problems, checked = stage_map_report(adapter, "ar", layers)
+    checks.problems += problems
+    checks.checked += [checked] if checked else []
     expected_moe = config.moe_layers
     checks.expect(
         tuple(adapter.moe_layers) == expected_moe,

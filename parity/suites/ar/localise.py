@@ -13,13 +13,14 @@ from typing import Any
 
 import torch
 
+from parity.localise.bisect import bisect_compiled
 from parity.localise.chain import Chain, Side, build_chain
 from parity.localise.observe import Resolved, observe_eager, resolve, stage_values
 from parity.localise.repro import StageSource, write_repro
-from parity.localise.rows import write_chain
+from parity.localise.rows import write_bisection, write_chain
 from parity.localise.vocabulary import vocabulary
 from parity.runners import make_runner
-from parity.suites.ar.support import ARModels
+from parity.suites.ar.support import COMPILED_MODES, ARModels
 
 VOCABULARY = vocabulary("ar")
 
@@ -134,7 +135,19 @@ def explain_forward(models: ARModels, ids: torch.Tensor, mode: str, report: Any,
         reference=StageSource(models.reference.module, reference_map, lambda: models.reference.forward(ids)),
     )
     write_chain(report, chain, case=case, mode=mode, repro=repro)
+    if mode in COMPILED_MODES:
+        explain_compile_only(models, ids, report, case=case, mode=mode)
     return chain
+
+
+def explain_compile_only(models: ARModels, ids: torch.Tensor, report: Any, *, case: str, mode: str) -> None:
+    """A compiled case whose eager target matches the reference: bisect the compiled region to
+    the smallest piece whose compiled output differs from its eager run (docs/localise.md §4)."""
+    eager = localise_forward(models, ids, "eager", compared=f"{case} eager")
+    if eager.blamed is not None:
+        return  # the eager target diverges too: the chain above is the answer, not the compiler
+    bisection = bisect_compiled(models.target.module, lambda: models.target.forward(ids))
+    write_bisection(report, bisection, case=case, mode=mode)
 
 
 def explain_decode(

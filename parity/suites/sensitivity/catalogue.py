@@ -64,8 +64,9 @@ class Mutant:
     # True: its change reaches what `parity/suites/sensitivity/isolation.py` cannot put back (torch
     # itself, state mutated in place), so it runs in a process of its own, never in a batch
     isolated: bool = False
-    # The stage a localisation must name for it (a site of the family's stage vocabulary,
-    # docs/localise.md), or, in `stage_note`, why its defect sits in no single stage
+    # The stage its defect sits in (a site of the family's stage vocabulary, docs/localise.md), which
+    # a localisation must name; `stage_note`: why the chain cannot name it (with a stage: a known
+    # miss) or why the defect sits in no one stage (without one)
     stage: str = ""
     stage_note: str = ""
 

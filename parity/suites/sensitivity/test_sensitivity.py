@@ -108,13 +108,13 @@ def named_stages(rows: pd.DataFrame | None, suite: str) -> list[str]:
 
 def localisation_verdict(mutant, rows: pd.DataFrame | None) -> Verdict:
     """Every localised case of a killed mutant names the catalogue's stage (docs/localise.md); a
-    mutant whose defect sits in no one stage is not applicable, with the catalogue's reason."""
+    mutant whose defect sits in no one stage, or in one the chain cannot name, is not applicable,
+    with the catalogue's reason (docs/localisation.md lists them)."""
     named = named_stages(rows, mutant.suite)
     seen = ", ".join(f"{site} x{named.count(site)}" for site in dict.fromkeys(named)) or "no stage (no case was localised)"
-    if not mutant.stage:
-        return Verdict(
-            NOT_APPLICABLE, "localised_stage", None, None, f"in no one stage: {mutant.stage_note}; named: {seen}", better=EQUAL
-        )
+    if mutant.stage_note:  # in no one stage, or in one the chain cannot name (the catalogue says why)
+        what = f"a known miss of {mutant.stage}" if mutant.stage else "in no one stage"
+        return Verdict(NOT_APPLICABLE, "localised_stage", None, None, f"{what}: {mutant.stage_note}; named: {seen}", better=EQUAL)
     ok = bool(named) and set(named) == {mutant.stage}
     return flag_rule(ok, metric="localised_stage", detail=f"expected {mutant.stage}; named: {seen}")
 
