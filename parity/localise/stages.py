@@ -197,10 +197,6 @@ class Tap:
     split: tuple[str, ...] = ()
     part: str = ""
 
-    @property
-    def kind(self) -> str:
-        return "module"
-
 
 @dataclass(frozen=True)
 class Call:
@@ -214,10 +210,6 @@ class Call:
     layout: Layout = "tokens"
     split: tuple[str, ...] = field(default=())
     part: str = ""
-
-    @property
-    def kind(self) -> str:
-        return "function"
 
     @property
     def path(self) -> str:
