@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from parity.compare import FAIL, NOT_APPLICABLE, PASS
-from parity.suites.sensitivity.catalogue import Mutant, all_mutants
+from parity.suites.sensitivity.catalogue import FAMILY_TITLES, Mutant, all_mutants
 
 LOCALISED_SUITES = ("numerics", "decode", "image", "routing")
 METRIC = "localised_stage"
@@ -30,9 +30,11 @@ How a stage is localised: [localise.md](localise.md).
 
 
 def in_scope(catalogue: Mapping[str, Mutant] | None = None) -> list[Mutant]:
-    """The mutants of the suites that localise a failing case, in catalogue order."""
+    """The mutants of the suites that localise a failing case, by family (in each, as registered)."""
     catalogue = all_mutants() if catalogue is None else catalogue
-    return [m for m in catalogue.values() if m.suite in LOCALISED_SUITES]
+    order = list(FAMILY_TITLES.values())  # by family as docs/mutants.md lists them, not by import order
+    mutants = [m for m in catalogue.values() if m.suite in LOCALISED_SUITES]
+    return sorted(mutants, key=lambda m: order.index(m.group) if m.group in order else len(order))
 
 
 def _verdicts(rows: pd.DataFrame) -> dict[str, str]:
