@@ -157,9 +157,17 @@ class StaticKVCache:
 
     @classmethod
     def allocate(
-        cls, config: MammothModa2ARConfig, batch: int, max_len: int, device: torch.device, dtype: torch.dtype
+        cls,
+        config: MammothModa2ARConfig,
+        batch: int,
+        max_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        kv_heads: int | None = None,
     ) -> StaticKVCache:
-        shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_len, config.head_dim)
+        """`kv_heads`: the heads this process holds (a tensor-parallel rank's share), default all."""
+        heads = config.num_key_value_heads if kv_heads is None else kv_heads
+        shape = (config.num_hidden_layers, batch, heads, max_len, config.head_dim)
         return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
 
     @property

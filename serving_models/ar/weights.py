@@ -120,6 +120,17 @@ def load_weights(
 ) -> None:
     """Adopt checkpoint tensors into `module` (built on meta), fusing as the map says."""
     tensors = dict(checkpoint)
+    check_checkpoint(module, tensors, source)
+    params = {}
+    for name, _ in module.named_parameters():
+        parts = [tensors[p].to(device=device, dtype=dtype) for p in checkpoint_names_for(name)]
+        params[name] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+    module.load_state_dict(params, strict=True, assign=True)
+
+
+def check_checkpoint(module: nn.Module, tensors: Mapping[str, torch.Tensor], source: str) -> None:
+    """Every tensor `module` needs is in `tensors` with its shape, nothing else is, all floating:
+    one `WeightMismatchError` naming each missing, unexpected and misshapen tensor."""
     expected = expected_checkpoint_shapes(module)
     missing = [n for n in expected if n not in tensors]
     unexpected = [n for n in tensors if n not in expected]
@@ -129,11 +140,6 @@ def load_weights(
     if missing or unexpected or wrong:
         raise safetensors_io.WeightMismatchError(source, missing, unexpected, wrong)
     safetensors_io.check_floating(tensors, source)
-    params = {}
-    for name, _ in module.named_parameters():
-        parts = [tensors[p].to(device=device, dtype=dtype) for p in checkpoint_names_for(name)]
-        params[name] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-    module.load_state_dict(params, strict=True, assign=True)
 
 
 def checkpoint_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
