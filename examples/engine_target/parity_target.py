@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from examples.engine_target.engine import PROBES, EngineConfig, MammothEngineModel, build_engine_model, read_checkpoint
+from examples.engine_target.engine_tp import build_sharded_engine_model
 
 
 class AROutput(NamedTuple):
@@ -229,5 +230,52 @@ class EngineTarget:
         return EngineARAdapter.build(config, state_dict.items(), device, dtype)
 
 
-def make_target() -> EngineTarget:
-    return EngineTarget()
+# The stages every rank holds whole in the tensor-parallel engine: q/k/v, the attention output and
+# each expert's gate/up/act are a rank's slice, so they are left undeclared ("not observable").
+WHOLE_ON_EVERY_RANK = (
+    "input_norm",
+    "o_proj",
+    "post_norm",
+    "mlp.down",
+    "gen_mlp.down",
+    "moe",
+    "final_norm",
+    "lm_head",
+    "gen_head",
+)
+SHARDED_STAGE_MAP = {stage: where for stage, where in STAGE_MAP.items() if stage.split(".", 2)[-1] in WHOLE_ON_EVERY_RANK}
+
+
+class ShardedEngineARAdapter(EngineARAdapter):
+    """The same adapter over this rank's `ShardedEngineModel`: every output it returns is whole."""
+
+    stage_map = SHARDED_STAGE_MAP
+
+    @classmethod
+    def build_sharded(
+        cls, config: Any, weights: Iterable[tuple[str, torch.Tensor]], tp: Any, device: torch.device | str, dtype: torch.dtype
+    ) -> ShardedEngineARAdapter:
+        model, names = build_sharded_engine_model(EngineConfig.from_hf(config), weights, tp, device, dtype)
+        return cls(model, names)
+
+
+class ShardedEngineTarget(EngineTarget):
+    """The engine at tensor-parallel size `tp.world_size` (`parity run --tp N`): this rank's shard."""
+
+    def __init__(self, tp: Any) -> None:
+        self.tp = tp
+        self.name = f"engine-example-tp{tp.world_size}"
+
+    def load_ar(self, checkpoint_dir: str | Path, device: torch.device | str, dtype: torch.dtype) -> ShardedEngineARAdapter:
+        config, weights = read_checkpoint(checkpoint_dir)
+        return ShardedEngineARAdapter.build_sharded(config, weights, self.tp, device, dtype)
+
+    def build_ar(
+        self, config: Any, state_dict: Mapping[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype
+    ) -> ShardedEngineARAdapter:
+        return ShardedEngineARAdapter.build_sharded(config, state_dict.items(), self.tp, device, dtype)
+
+
+def make_target(tp: Any = None) -> EngineTarget:
+    """`tp` (rank, world_size, group): given by a tensor-parallel run on every rank; None: one process."""
+    return EngineTarget() if tp is None else ShardedEngineTarget(tp)
