@@ -96,6 +96,12 @@ def _run_options_problem(args: argparse.Namespace) -> str | None:
                 f"--append --run-id {args.run_id!r}: no run of that id under {run_dir.parent} (nothing to add to); "
                 "leave --append out to start it"
             )
+    if args.tp < 1:
+        return f"--tp {args.tp}: the tensor-parallel size must be at least 1"
+    if args.tp > 1 and args.numprocesses:
+        return f"--tp {args.tp} with -n {args.numprocesses}: every rank runs the same tests in the same order, so leave -n out"
+    if args.tp > 1 and args.append:
+        return f"--tp {args.tp} with --append: a tensor-parallel run is written whole"
     extra = list(args.pytest_args)
     behind = options_set_behind_parity_run(extra[1:] if extra[:1] == ["--"] else extra)
     if behind:
@@ -405,9 +411,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     watch = SignalWatch("parity run").install()
     stage = "before any suite ran: nothing was written"
     try:
-        with ConformanceCheck.start(args, timeout) as check:
-            warm_imports()  # while the check's process builds the target: both take a few seconds
-            problem = check.problem()
+        if args.tp > 1:  # the check builds one process's target; each rank's session checks its own as it loads
+            warm_imports()
+            problem = None
+        else:
+            with ConformanceCheck.start(args, timeout) as check:
+                warm_imports()  # while the check's process builds the target: both take a few seconds
+                problem = check.problem()
         if problem is not None:
             print(
                 f"parity run: target {args.target} does not conform (parity check-target {args.target}): {problem}",

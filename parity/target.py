@@ -12,6 +12,7 @@ you trust. A family the target does not provide (`FAMILIES`) has its suites skip
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -46,13 +47,14 @@ def exit_text(exc: SystemExit) -> str:
     return f"sys.exit({exc.code!r})" if exc.code is not None else "sys.exit()"
 
 
-def resolve_target(spec: str, option: str = "--target", *, on_step: Callable[[str], None] | None = None) -> Any:
+def resolve_target(spec: str, option: str = "--target", *, on_step: Callable[[str], None] | None = None, tp: Any = None) -> Any:
     """Import and call the target factory named by `spec` and check what it returned: the object
     is the target. Every failure (no such module, an exception while importing it or in the
     factory, `sys.exit` there, no callable, no `name`) is one `TargetError` line naming the option
     and the spec. Called once per session, up front, by the plugin; note that it runs the named
     module's code. `on_step(what)` is told each step before it starts (`parity check-target`
-    names the step a target hung in)."""
+    names the step a target hung in). `tp`: this rank's place in a tensor-parallel run
+    (`parity.plugin.ranks.TensorParallel`), passed as `factory(tp=tp)`; None calls `factory()`."""
     path = factory_path(spec, option)
     module_name, _, attr = path.partition(":")
     where = f"{option} {spec!r}"
@@ -72,9 +74,14 @@ def resolve_target(spec: str, option: str = "--target", *, on_step: Callable[[st
     if factory is None or not callable(factory):
         found = "nothing" if factory is None else type(factory).__name__
         raise TargetError(f"{where}: module {module_name!r} has no callable {attr!r} (found {found})")
-    step(f"calling the factory {path}")
+    if tp is not None and not takes_tp(factory):
+        raise TargetError(
+            f"{where}: the factory {path} takes no 'tp' argument: a tensor-parallel run (tp {tp.world_size}) calls "
+            "factory(tp=...) on every rank (docs/targets.md §11)"
+        )
+    step(f"calling the factory {path}" + (f" on rank {tp.rank} of {tp.world_size}" if tp is not None else ""))
     try:
-        target = factory()
+        target = factory() if tp is None else factory(tp=tp)
     except SystemExit as exc:
         raise TargetError(f"{where}: the factory {path} called {exit_text(exc)}: a target must not end the process") from None
     except Exception as exc:
@@ -82,6 +89,15 @@ def resolve_target(spec: str, option: str = "--target", *, on_step: Callable[[st
     if not isinstance(getattr(target, "name", None), str) or not target.name:
         raise TargetError(f"{where}: the factory returned {type(target).__name__} without a 'name' (expected a non-empty str)")
     return target
+
+
+def takes_tp(factory: Callable[..., Any]) -> bool:
+    """Whether `factory` accepts the keyword `tp` (or any keyword)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return True  # a callable whose signature cannot be read: let the call say
+    return any(p.name == "tp" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def load_target(spec: str) -> Any:

@@ -69,11 +69,10 @@ def list_tensors(checkpoint_dir: str | Path) -> dict[str, TensorEntry]:
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
-    try:
-        storage = tensor.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # tensor subclasses without real storage
+    try:  # tensor subclasses without real storage (a collective's pending result) are never weights
+        return (tensor.device.type, tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
         return None
-    return (tensor.device.type, storage.data_ptr())
 
 
 class WeightReads(TorchDispatchMode):

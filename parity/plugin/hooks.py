@@ -33,7 +33,7 @@ import pytest
 from parity import env
 from parity.cases import CaseFileError, add_case_dirs, defer_errors, unreadable_case_files
 from parity.compare import ERROR, FAIL, SKIP
-from parity.plugin import lanes
+from parity.plugin import lanes, ranks
 from parity.plugin import report_fixture as report_fixture_module
 from parity.plugin.report_fixture import (  # noqa: F401 - fixtures are found in the plugin's namespace
     REPORT,
@@ -183,6 +183,8 @@ def pytest_configure(config: pytest.Config) -> None:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
     add_case_dirs(session.cases_dirs)
+    if not _is_worker(config):
+        ranks.configure(config, session.tp, session.run_dir, session.device)
     config.stash[SESSION] = session
     config.stash[WRITER] = session.writer(config)
     if session.append and not _is_worker(config) and (session.run_dir / RESULTS_FILE).is_file():
@@ -323,6 +325,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if _is_worker(config) or SESSION not in config.stash:
         return
     _watch_signals(config)
+    group = config.stash.get(ranks.GROUP, None)
+    if group is not None:
+        group.watch(session)
     plan = config.stash.get(RESUME, None)
     terminal = config.pluginmanager.get_plugin("terminalreporter")
     if plan is not None and terminal is not None:  # said even under -q: the session runs only part of the tests
@@ -355,6 +360,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if session.exitstatus == pytest.ExitCode.USAGE_ERROR and RESUMED in config.stash:
             config.stash[SESSION].restore(config.stash[RESUMED])  # refused before any test: the run is as it was
             return
+        _finish_ranks(session)
         unwritten = _unwritten(config)
         if unwritten["count"] and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a row lost is never a clean exit
@@ -376,6 +382,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     finally:
         if watch is not None and config.stash.get(OWN_SIGNALS, True):
             watch.restore()
+
+
+def _finish_ranks(session: pytest.Session) -> None:
+    """A tensor-parallel session's end: every peer rank ended with a verdict, and with rank 0's
+    verdicts; any other outcome is said in one line per rank and fails the run."""
+    group = session.config.stash.get(ranks.GROUP, None)
+    if group is None:
+        return
+    problems = group.finish()
+    if group.rank == 0 and not problems:
+        problems = ranks.disagreements(session.config.stash[SESSION].run_dir, group)
+    for line in problems:
+        print(f"parity: {line}", file=sys.stderr)
+    if problems and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED if group.dead is None else pytest.ExitCode.INTERRUPTED
 
 
 def _unwritten(config: pytest.Config) -> dict[str, Any]:
@@ -503,6 +524,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     if call.excinfo is not None and isinstance(call.excinfo.value, RowNotWritten):
         outcome.longrepr = str(call.excinfo.value)  # one line: the file, the row and the disk's error
         return outcome
+    group = item.config.stash.get(ranks.GROUP, None)
+    if group is not None and call.excinfo is not None:
+        group.collective_failed(item.session, item.nodeid, call.excinfo.value, call.excinfo.tb)
     with contextlib.suppress(RowNotWritten):  # counted by the writer: the session says so at its end
         if outcome.skipped and suite and outcome.when in ("setup", "call"):
             _write_skip_row(item, suite, outcome)

@@ -115,6 +115,18 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         ),
     ),
     RunOption(
+        "tp",
+        dict(
+            type=int,
+            default=1,
+            metavar="N",
+            help=(
+                "tensor-parallel size: run the target sharded over N ranks (one pytest session each, gloo on "
+                "cpu, NCCL on N GPUs); the factory gets tp=(rank, world_size, group) (default: 1)"
+            ),
+        ),
+    ),
+    RunOption(
         "report-dir",
         dict(
             default=None,

@@ -139,6 +139,10 @@ class SuiteReport:
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
             self.record(case=case, mode=mode, site=site, metric="exception", value=None, verdict=ERROR, detail=message)
+            from parity.plugin import ranks
+
+            if ranks.ACTIVE is not None and ranks.raised_by_a_collective(exc, exc.__traceback__):
+                raise  # a tensor-parallel group that lost a rank fails every later case: the session stops (ranks.py)
 
     @property
     def failures(self) -> list[dict[str, Any]]:

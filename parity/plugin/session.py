@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import pytest
 
 from parity import env
+from parity.plugin import ranks
 from parity.plugin.options import DEFAULT_DTYPE, PYTEST_PREFIX, check_run_id, check_seed
 from parity.plugin.resume import ResumePlan, same_selection
 from parity.report import (
@@ -77,8 +78,10 @@ def session_target(config: pytest.Config) -> Any:
         return config.stash[TARGET]
     if TARGET_ERROR in config.stash:
         raise config.stash[TARGET_ERROR]
+    group = config.stash.get(ranks.GROUP, None)
     try:
-        config.stash[TARGET] = resolve_target(option(config, "target"), option=f"--{PYTEST_PREFIX}target")
+        tp = group.tensor_parallel() if group is not None else None
+        config.stash[TARGET] = resolve_target(option(config, "target"), option=f"--{PYTEST_PREFIX}target", tp=tp)
     except TargetError as exc:
         config.stash[TARGET_ERROR] = exc
         raise
@@ -112,6 +115,7 @@ class RunSession:
     append: bool = False
     controller_pid: int = 0
     checkpoint_layout: str = "parity"
+    tp: int = 1  # tensor-parallel ranks (parity.plugin.ranks)
 
     @property
     def torch_dtype(self) -> Any:
@@ -159,6 +163,7 @@ class RunSession:
             append=append,
             controller_pid=controller,
             checkpoint_layout=option(config, "checkpoint_layout"),
+            tp=option(config, "tp"),
         )
         if worker_input is None and append and _is_run_dir(session.run_dir):
             session.check_append()
@@ -187,6 +192,7 @@ class RunSession:
         info = {"run_id": self.run_dir.name, "args": list(config.invocation_params.args), **env.describe(self.device)}
         info.update(size=self.size, dtype=self.dtype, target=self.target, seed=self.seed)
         info["checkpoint_layout"] = self.checkpoint_layout
+        info["tp"] = self.tp
         try:
             info["target_provenance"] = env.target_provenance(self.target, factory_path(self.target))
             if TARGET in config.stash:  # resolved before the first row: its name keys its baselines (docs/reports.md)
@@ -207,6 +213,7 @@ class RunSession:
             "device": self.device,
             "dtype": self.dtype,
             "size": self.size,
+            "tp": str(self.tp),
             "torch_version": env.torch_version(),
             "git_sha": env.git_sha(),
             "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
