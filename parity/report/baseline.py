@@ -33,7 +33,9 @@ is this rule: docs/machine-independence.md):
 * **cases**: a case of a compared suite that is in the baseline but not in the run has *vanished*
   (a check that stopped running); a vanished gate row fails the review (a vanished `skip` row does
   not: that test runs now). New cases are listed.
-  Suites with no row in the run are not compared (a `--suite` run), and are listed as such.
+  Suites with no row in the run are not compared (a `--suite` run), and are listed as such; so are
+  the rows of a family the run's target does not provide and, between tensor-parallel sizes, the
+  mutant catalogue's rows (`not_compared`).
 """
 
 from __future__ import annotations
@@ -51,7 +53,18 @@ import pandas as pd
 
 from parity.compare import ERROR, FAIL, FIXED, MEASURED, SKIP, TIE_FLIP
 from parity.report.audit import audit_records, read_records
-from parity.report.rows import CASE_KEYS, COLUMNS, RESULTS_FILE, RUN_INFO_FILE, ReportError, read_results, read_run_info
+from parity.report.rows import (
+    CASE_KEYS,
+    COLUMNS,
+    LATER_COLUMNS,
+    NOT_PROVIDED,
+    RESULTS_FILE,
+    RUN_INFO_FILE,
+    ReportError,
+    read_results,
+    read_run_info,
+    run_tp,
+)
 from parity.report.rundir import UnsafePathError, atomic_write
 
 BASELINE_DIR = Path("reports") / "baselines"  # relative to the directory a command runs in
@@ -84,6 +97,7 @@ MEASURED_GROUP_MIN = 10
 # factor (an order of magnitude) are listed by name.
 INFO_LIST_FACTOR = 10.0
 _FAILING = (FAIL, ERROR)
+SENSITIVITY_SUITE = "sensitivity"
 
 
 class BaselineError(ValueError):
@@ -128,7 +142,7 @@ def check_baseline_file(source: str | Path) -> None:
             f"baseline {records.path} line {records.torn[0]}: a record cut short ({len(records.torn)} in all); "
             "a baseline is never read in part: regenerate it"
         )
-    missing = [c for c in BASELINE_COLUMNS if c not in records.header]
+    missing = [c for c in BASELINE_COLUMNS if c not in records.header and c not in LATER_COLUMNS]
     if missing:
         return  # read_results says "not a parity results file" with the columns
     info = read_run_info(path) if path.is_dir() else {}
@@ -314,7 +328,7 @@ def check_baseline_target(path: str | Path) -> Path:
                 f"--write-baseline {path}: a run's results file (columns {', '.join(volatile)}), not a baseline; "
                 f"refusing to overwrite it, --force or not; {hint}"
             )
-        missing = [c for c in BASELINE_COLUMNS if c not in header]
+        missing = [c for c in BASELINE_COLUMNS if c not in header and c not in LATER_COLUMNS]  # an older baseline is one
         if missing:
             raise UnsafePathError(
                 f"--write-baseline {path}: exists and is not a parity baseline (no column {missing[0]}); "
@@ -424,6 +438,8 @@ class Comparison:
     changed: pd.DataFrame  # gate rows that moved but are neither better nor worse by the rule
     suites_not_run: list[str]
     matched: int
+    # baseline rows a run of this target cannot have, and why (`not_compared`) -> how many
+    not_compared: dict[str, int] = dataclasses.field(default_factory=dict)
     info_moves: pd.DataFrame = dataclasses.field(default_factory=lambda: pd.DataFrame(columns=OUTCOME_COLUMNS))
     config: str = ""  # the configuration both sides share (what was compared)
     # The cases the baseline holds: a new row of one of them (a failing case's stage chain) is no new case.
@@ -613,7 +629,11 @@ def compare_rows(
         config_text = _config_text(new_config).replace(f"device={new_config['device']}", f"device={new_config['device']}{kind}")
     suites_run = set(current["suite"])
     not_run = sorted(set(baseline["suite"]) - suites_run)
-    old = _keyed(baseline[baseline["suite"].isin(suites_run)])
+    left_out = not_compared(baseline, current)
+    compared = baseline[baseline["suite"].isin(suites_run)]
+    for mask in left_out.values():
+        compared = compared[~mask.reindex(compared.index, fill_value=False)]
+    old = _keyed(compared)
     new = _keyed(current)
     merged = old.merge(new, on=ROW_KEYS + ["_n"], how="outer", suffixes=("_old", "_new"), indicator=True)
 
@@ -683,10 +703,30 @@ def compare_rows(
         vanished=frames["vanished"],
         changed=frames["changed"],
         suites_not_run=not_run,
+        not_compared={why: int(mask.sum()) for why, mask in left_out.items() if mask.any()},
         matched=matched,
         info_moves=frames["info"],
         baseline_cases=frozenset(old[CASE_KEYS].itertuples(index=False, name=None)),
     )
+
+
+def not_compared(baseline: pd.DataFrame, current: pd.DataFrame) -> dict[str, pd.Series]:
+    """Baseline rows the run cannot have, by reason (a mask over `baseline` each): the rows of a
+    model family the run's target does not provide (its `family_not_provided` rows name them; the
+    baseline's `family` column places each row), and, between tensor-parallel sizes, the mutant
+    catalogue's rows (the sensitivity suite runs the mutants of its own size: docs/mutants.md).
+    A baseline written before the `family` column leaves every family compared."""
+    reasons: dict[str, pd.Series] = {}
+    not_provided = current[(current["metric"] == NOT_PROVIDED) & (current["verdict"] == SKIP)]
+    families = sorted(set(not_provided["case"]))
+    if families and "family" in baseline.columns:
+        mask = baseline["family"].isin(families)
+        reasons[f"families this target does not provide ({', '.join(families)})"] = mask
+    current_tp, baseline_tp = run_tp(current), run_tp(baseline)
+    if current_tp != baseline_tp:
+        mask = baseline["suite"] == SENSITIVITY_SUITE
+        reasons[f"sensitivity (the mutants of tp {baseline_tp}; this run holds those of tp {current_tp})"] = mask
+    return reasons
 
 
 def _config_text(config: dict[str, str]) -> str:
@@ -722,6 +762,8 @@ def format_comparison(comparison: Comparison, *, limit: int = 20) -> str:
     ]
     if comparison.suites_not_run:
         lines.append(f"  not compared (no rows in this run): {', '.join(comparison.suites_not_run)}")
+    for why, count in comparison.not_compared.items():
+        lines.append(f"  not compared ({count} baseline rows): {why}")
     for title, frame in (
         ("regressions", comparison.regressions),
         ("improvements", comparison.improvements),

@@ -429,6 +429,8 @@ def baseline_section(review: Review) -> str:
     ]
     if comparison.suites_not_run:
         body.append(note("not compared (no rows in this run): " + ", ".join(comparison.suites_not_run)))
+    for why, count in comparison.not_compared.items():
+        body.append(note(f"not compared ({count} baseline rows): {why}"))
     outcome_columns = (
         "suite",
         "case",

@@ -17,6 +17,7 @@ import io
 import json
 import math
 import os
+import re
 import secrets
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -44,7 +45,11 @@ RUN_STATUSES = (RUNNING, COMPLETE, INTERRUPTED, CRASHED, INCOMPLETE)
 # number and its bound, `kind` (gate = the row decided a verdict, info = a number recorded beside
 # it), `better` (lower / higher / equal: the direction a baseline comparison reads the value in),
 # `bound` (fixed = a policy, measured = derived from noise measured in the same run, '' = no
-# bound), `test` (pytest node id), `worker` (xdist worker or "main"), `time` (UTC).
+# bound), `test` (pytest node id), `worker` (xdist worker or "main"), `time` (UTC); `tp` is the
+# run's tensor-parallel size (1: one process; empty in files written before it existed); `family`
+# is the suites' family directory the row's test lives in (`ar`, `dit`, `routing`, `selfcheck`,
+# `sensitivity`, ...: `family_of_test`), kept in baselines (unlike the node id, which depends on
+# where pytest ran) so a review knows which rows a target that leaves a family out cannot have.
 COLUMNS = (
     "run_id",
     "suite",
@@ -55,6 +60,7 @@ COLUMNS = (
     "device",
     "dtype",
     "size",
+    "tp",
     "metric",
     "value",
     "threshold",
@@ -66,6 +72,7 @@ COLUMNS = (
     "kind",
     "better",
     "bound",
+    "family",
     "test",
     "worker",
     "time",
@@ -74,10 +81,21 @@ KINDS = ("gate", "info")
 BETTER = ("lower", "higher", "equal", "")
 # Columns added after results files were first written: a file without one still loads (the column
 # comes back empty, i.e. unknown).
-LATER_COLUMNS = ("bound",)
+LATER_COLUMNS = ("bound", "tp", "family")
 
 # Columns filled from the run's context rather than by each check.
-CONTEXT_COLUMNS = ("run_id", "target", "device", "dtype", "size", "torch_version", "git_sha", "worker")
+CONTEXT_COLUMNS = ("run_id", "target", "device", "dtype", "size", "tp", "torch_version", "git_sha", "worker")
+
+
+# `parity/suites/ar/test_numerics.py::...`, `suites/dit::image` (a family's not-provided row), an
+# installed package's `site-packages/parity/suites/routing/...`: the directory after `suites/`.
+_FAMILY_OF_TEST = re.compile(r"(?:^|/)suites/([A-Za-z0-9_]+)")
+
+
+def family_of_test(test: str) -> str:
+    """The suites' family directory a test node id lives in ('' for a test outside parity's suites)."""
+    found = _FAMILY_OF_TEST.search(test)
+    return found.group(1) if found else ""
 
 
 def new_run_id() -> str:
@@ -225,6 +243,7 @@ class ReportWriter:
         if full["bound"] not in BOUND_KINDS:
             raise ReportError(f"bound must be one of {BOUND_KINDS[:-1]} (or empty without a threshold), got {full['bound']!r}")
         full["mode"] = full["mode"] or "eager"
+        full["family"] = full["family"] or family_of_test(str(full["test"]))
         full["time"] = full["time"] or now_text()
         return {k: _cell(v) for k, v in full.items()}
 
@@ -458,6 +477,8 @@ class MutationScore:
     not_applicable: list[str]
     survivors: list[str]
     per_suite: dict[str, tuple[int, int]]  # suite -> (killed, applicable)
+    device: str = "cpu"  # the run's device and tensor-parallel size: which of the catalogue's mutants it runs
+    tp: int = 1
 
     def line(self, catalogue: int | None = None) -> str:
         """The score in one line; with the catalogue's size (`catalogue`, else the catalogue this
@@ -469,22 +490,25 @@ class MutationScore:
             text += f"; not applicable here: {', '.join(self.not_applicable)}"
         if self.survivors:
             text += f"; SURVIVED: {', '.join(self.survivors)}"
-        size = catalogue if catalogue is not None else _loaded_catalogue_size()
+        size = catalogue if catalogue is not None else _loaded_catalogue_size(self.device, self.tp)
         ran = self.applicable + len(self.not_applicable)
         if size is not None and ran < size:
             text += f"; {size - ran} of the catalogue's {size} mutants DID NOT RUN (an interrupted or narrowed run: the score covers {ran})"
         return text
 
 
-def _loaded_catalogue_size() -> int | None:
-    """The size of the mutant catalogue when this process has loaded it (`parity run` has: its
-    pytest collected the sensitivity suite), else None. Looked up, never imported: the report layer
-    does not import the suites (tests/repo/test_layering.py)."""
+def _loaded_catalogue_size(device: str, tp: int) -> int | None:
+    """How many of the mutant catalogue's mutants a run on `device` at tensor-parallel size `tp`
+    runs (a sharding mutant runs only at its own size, every other one only in one process), when
+    this process has loaded the catalogue (`parity run` has: its pytest collected the sensitivity
+    suite), else None. Looked up, never imported: the report layer does not import the suites
+    (tests/repo/test_layering.py)."""
     catalogue = sys.modules.get("parity.suites.sensitivity.catalogue")
     if catalogue is None:
         return None
     try:
-        return len(catalogue.all_mutants())
+        lane = catalogue.lane_of(device)
+        return sum(1 for mutant in catalogue.all_mutants() if catalogue.applies_at(mutant, lane, tp))
     except Exception:  # a catalogue that cannot load here says nothing about the run's rows
         return None
 
@@ -507,7 +531,18 @@ def mutation_score(frame: pd.DataFrame) -> MutationScore | None:
         not_applicable=rows.loc[na, "case"].tolist(),
         survivors=applicable.loc[~killed, "case"].tolist(),
         per_suite=per_suite,
+        device=str(rows["device"].iloc[0]) if "device" in rows.columns else "cpu",
+        tp=run_tp(rows),
     )
+
+
+def run_tp(frame: pd.DataFrame) -> int:
+    """The tensor-parallel size of a run's (or baseline's) rows; 1 where the column is empty (a
+    file written before it existed, or a single-process run)."""
+    if "tp" not in frame.columns:
+        return 1
+    sizes = {int(float(v)) for v in frame["tp"] if str(v) not in ("", "nan")}
+    return max(sizes) if sizes else 1
 
 
 def format_summary(summary: pd.DataFrame, frame: pd.DataFrame | None = None) -> str:
