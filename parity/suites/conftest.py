@@ -27,7 +27,7 @@ from parity.compare.verdict import SKIP
 from parity.plugin import activate
 from parity.plugin.hooks import resumed_test_ids, writes_session_rows
 from parity.plugin.lanes import KEEP_COMPILE_CACHE, suite_of
-from parity.plugin.report_fixture import WRITER
+from parity.plugin.report_fixture import SESSION, WRITER
 from parity.plugin.session import option, session_target
 from parity.plugin.short_names import device, report, run_dir, settings, target  # noqa: F401 - this folder's fixture names
 from parity.report import NOT_PROVIDED
@@ -75,6 +75,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     number of tests, where a skip per test once gave an AR-only target 743 skip rows. The plan is
     `parity.target.suite_plan`, the one `parity check-target` prints."""
     _order_by_family(items)
+    _catalogue_of_this_tp(config, items)
     try:
         target = session_target(config)
     except TargetError:
@@ -92,6 +93,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for item in items if id(item) not in dropped]
     if writes_session_rows(config):
         _record_left_out(config, plans, left_out)
+
+
+def _catalogue_of_this_tp(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A run checks the mutants of its own tensor-parallel size (the sharding mutants at --tp 2,
+    the others in one process), and in a tensor-parallel run only rank 0 runs the catalogue: its
+    sessions use no collective of the run's, and each sharded session starts its own ranks."""
+    from parity.plugin.ranks import this_rank
+    from parity.suites.sensitivity.catalogue import applies_at, lane_of
+    from parity.suites.sensitivity.runs import CATALOGUE, SENSITIVITY_MODULE
+
+    run = config.stash[SESSION]
+    lane = lane_of(run.device)
+
+    def kept(item: pytest.Item) -> bool:
+        if item.path.name != SENSITIVITY_MODULE:
+            return True
+        if this_rank() != 0:
+            return False
+        name = getattr(item, "callspec", None) and item.callspec.params.get("name")
+        return not name or applies_at(CATALOGUE[name], lane, run.tp)
+
+    dropped = [item for item in items if not kept(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if kept(item)]
 
 
 def _record_left_out(config: pytest.Config, plans: list[Any], left_out: dict[tuple[str, str], list[pytest.Item]]) -> None:

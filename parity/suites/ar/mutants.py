@@ -500,3 +500,101 @@ def _static_shapes() -> None:
         return original(fn, dataclasses.replace(options, dynamic=False), ledger)
 
     compiled.compile_function = compile_function
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharding: the tensor-parallel serving AR at tp 2 (serving_models/ar/sharded.py), the splits
+# real ports get wrong while every tensor still loads
+# ---------------------------------------------------------------------------------------------
+
+SHARDED = "serving_models.ar.sharded"
+NUMERICS = "parity/suites/ar/test_numerics.py"
+MIXED_EAGER = (NUMERICS, "-k", "test_target_matches_reference_layer_by_layer and mixed and eager")
+
+
+@mutant(
+    "tp-fused-shards-stacked-whole",
+    defect=(
+        "the sharding loader slices the stacked q|k|v and gate|up weights into contiguous rank blocks instead of "
+        "splitting each projection and stacking the rank's pieces: rank 0 holds all of q, rank 1 k and v; shapes match"
+    ),
+    suite="numerics",
+    tests=MIXED_EAGER,
+    tp=2,
+)
+def _fused_shards_stacked_whole() -> None:
+    import torch
+
+    def column_shard(parts, rank, world_size):
+        return torch.cat(parts, dim=0).chunk(world_size, dim=0)[rank]
+
+    _patch(SHARDED, "column_shard", column_shard)
+
+
+@mutant(
+    "tp-residual-added-on-every-rank",
+    defect=(
+        "o_proj's fused residual (the additive term of a row-parallel output, where a bias would go) is added on "
+        "every rank before the all-reduce instead of once after it: counted tp times"
+    ),
+    suite="numerics",
+    tests=MIXED_EAGER,
+    tp=2,
+)
+def _residual_on_every_rank() -> None:
+    def row_parallel_output(partial, residual, tp):
+        return tp.all_reduce(partial if residual is None else partial + residual)
+
+    _patch(SHARDED, "row_parallel_output", row_parallel_output)
+
+
+@mutant(
+    "tp-vocab-lookup-unmasked",
+    defect=(
+        "the vocabulary-parallel lookup clamps ids outside its rows into its own block and adds those rows "
+        "instead of zero: every token's embedding is the sum of one row per rank"
+    ),
+    suite="numerics",
+    tests=MIXED_EAGER,
+    tp=2,
+)
+def _vocab_lookup_unmasked() -> None:
+    import torch.nn.functional as F
+
+    def vocab_shard_lookup(indices, weight, lo, hi):
+        return F.embedding((indices - lo).clamp(0, hi - lo - 1), weight)
+
+    _patch(SHARDED, "vocab_shard_lookup", vocab_shard_lookup)
+
+
+@mutant(
+    "tp-gen-expert-not-reduced",
+    defect=(
+        "the gen expert's row-parallel down projection skips its all-reduce (the und expert's keeps it): every "
+        "gen token's MoE output is one rank's partial sum"
+    ),
+    suite="numerics",
+    tests=MIXED_EAGER,
+    tp=2,
+)
+def _gen_expert_not_reduced() -> None:
+    _patch(SHARDED, "expert_reduces", lambda expert: expert != "gen_mlp")
+
+
+@mutant(
+    "tp-gen-table-at-base-boundary",
+    defect=(
+        "the sharded gen lookup places the gen table's rows at the text table's boundary (vocab_size) instead of "
+        "the gen vocabulary's own start: equal in Preview's layout, the wrong gen rows in Dev's (docs/checkpoints.md §4)"
+    ),
+    suite="numerics",
+    tests=(NUMERICS, "-k", "test_text_table_shorter_than_gen_start"),
+    tp=2,
+)
+def _gen_table_at_base_boundary() -> None:
+    ar = importlib.import_module(AR)
+
+    def gen_table_rows(input_ids, config):
+        return ar.clamp_gen_ids(input_ids, config.vocab_size, config.gen_vocab_size)
+
+    _patch(SHARDED, "gen_table_rows", gen_table_rows)

@@ -12,6 +12,8 @@ hidden row that differs from an und-only run of the same model is the first gen-
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -20,6 +22,8 @@ from parity.runners import make_runner
 from parity.suites.ar.localise import explain_forward
 from parity.suites.ar.support import PROMPTS, TOL, Prompt, ids_of, judge, moe_taps, skip_full_size_compile
 from parity.suites.conftest import require_graph_support
+from reference_models.ar.adapter import ReferenceARAdapter
+from reference_models.checkpoints import random_state_dict
 
 pytestmark = [pytest.mark.parity_suite("numerics"), pytest.mark.parity_keep_compile_cache]
 
@@ -80,6 +84,48 @@ def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_m
     )
     if first is not None:  # which stage inside the layer: re-run the case with stage taps (docs/localise.md)
         explain_forward(models, ids, mode, report, run_dir, case=prompt.name)
+
+
+# The Dev release's vocabulary (docs/checkpoints.md §4): the text table ends before the gen ids
+# start, so ids in between belong to neither table. At tiny size the gap is 16 ids.
+DEV_VOCAB_GAP = 16
+
+
+def test_text_table_shorter_than_gen_start(ar_models, report, target) -> None:
+    """The Dev layout through `build_ar`: text ids up to the table's last row and gen ids across
+    the gen table, judged layer by layer against the reference and the fp64 golden of the same
+    layout. A port that counts gen rows from the text table's end (equal in Preview's layout)
+    looks up the wrong gen rows here."""
+    models = ar_models
+    if models.size != "tiny":
+        pytest.skip("the Dev vocabulary layout runs at tiny size: a 16-id gap is the same code path as Dev's 128")
+    config = dataclasses.replace(models.config, vocab_size=models.config.vocab_size - DEV_VOCAB_GAP)
+    state = random_state_dict(config, models.seed, models.device, models.dtype)
+    variant = target.build_ar(config, state, models.device, models.dtype)
+    reference = ReferenceARAdapter.build(config, state, models.device, models.dtype)
+    golden = ReferenceARAdapter.build(
+        config, random_state_dict(config, models.seed, models.device, torch.float64), models.device, torch.float64
+    )
+    start, text_end, gen_end = (
+        config.gen_vocab_start_index,
+        config.vocab_size,
+        config.gen_vocab_start_index + config.gen_vocab_size,
+    )
+    rows = [
+        [1, text_end - 1, start, start + 1, gen_end - 1, text_end - 2, start + config.gen_vocab_size // 2, 7],
+        [start + 3, 5, gen_end - 2, text_end - 3, start + config.gen_vocab_size // 2 + 1, 2, start, text_end - 1],
+    ]
+    ids = torch.tensor(rows, dtype=torch.long, device=models.device)
+    got, want, gold = variant.forward(ids), reference.forward(ids), golden.forward(ids)
+    sites = [
+        (f"layer.{i}", got.hidden_states[i], want.hidden_states[i], gold.hidden_states[i]) for i in range(len(want.hidden_states))
+    ]
+    for site, candidate, ref, truth in [*sites, ("logits", got.logits, want.logits, gold.logits)]:
+        verdict = judge(candidate, ref, truth, name=site)
+        layout = f"text table {text_end} rows, gen ids from {start}"
+        report.verdict(
+            dataclasses.replace(verdict, detail=f"{layout}: {verdict.detail}"), case="dev-vocab-gap", mode="eager", site=site
+        )
 
 
 def _worst_row(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[int, ...]:

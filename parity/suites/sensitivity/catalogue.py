@@ -40,10 +40,11 @@ class Kill:
     size: str = "tiny"
     dtype: str | None = None  # None: the lane's default dtype (fp32 on cpu, bf16 on cuda)
     why: str = ""  # why this selection (or configuration) differs from the other lane's, if it does
+    tp: int = 1  # tensor-parallel ranks the selection runs at (a sharding mutant: 2); a run applies the mutants of its own tp
 
     @property
-    def config(self) -> tuple[str, str | None]:
-        return self.size, self.dtype
+    def config(self) -> tuple[str, str | None, int]:
+        return self.size, self.dtype, self.tp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,15 +100,24 @@ CATALOGUE: dict[str, Mutant] = {}
 _APPLY: dict[str, Callable[[], None]] = {}
 
 
-def _lanes(tests: tuple[str, ...], cuda: tuple[str, ...] | Kill | NotApplicable | None) -> dict[str, Kill | NotApplicable]:
+def _lanes(
+    tests: tuple[str, ...], cuda: tuple[str, ...] | Kill | NotApplicable | None, tp: int = 1
+) -> dict[str, Kill | NotApplicable]:
     """CPU lane: `tests` at tiny fp32. CUDA lane: the same tests unless `cuda` says otherwise."""
     if cuda is None:
-        gpu: Kill | NotApplicable = Kill(tests)
+        gpu: Kill | NotApplicable = Kill(tests, tp=tp)
     elif isinstance(cuda, (Kill, NotApplicable)):
         gpu = cuda
     else:
-        gpu = Kill(tuple(cuda))
-    return {"cpu": Kill(tests), "cuda": gpu}
+        gpu = Kill(tuple(cuda), tp=tp)
+    return {"cpu": Kill(tests, tp=tp), "cuda": gpu}
+
+
+def applies_at(mutant: Mutant, lane: str, tp: int) -> bool:
+    """Whether a run at tensor-parallel size `tp` checks `mutant`: a sharding mutant's selection
+    runs sharded, every other one in one process (and a lane's n/a entry is always reported)."""
+    kill = mutant.on(lane)
+    return (kill.tp if isinstance(kill, Kill) else 1) == tp
 
 
 def mutant(
@@ -121,12 +131,15 @@ def mutant(
     isolated: bool = False,
     stage: str = "",
     stage_note: str = "",
+    tp: int = 1,
 ) -> Callable:
-    """Register the decorated function as the run-time change of mutant `name`."""
+    """Register the decorated function as the run-time change of mutant `name` (`tp`: the
+    tensor-parallel size its selection runs at; a sharded session is a process of its own)."""
 
     def register(apply: Callable[[], None]) -> Callable[[], None]:
         spec = f"{apply.__module__}:mutant_{name.replace('-', '_')}"
-        CATALOGUE[name] = Mutant(name, defect, suite, spec, _lanes(tests, cuda), family, isolated, stage, stage_note)
+        lanes = _lanes(tests, cuda, tp)
+        CATALOGUE[name] = Mutant(name, defect, suite, spec, lanes, family, isolated or tp > 1, stage, stage_note)
         _APPLY[name] = apply
         return apply
 
@@ -150,12 +163,13 @@ def external(
     CATALOGUE[name] = Mutant(name, defect, suite, target, _lanes(tests, cuda), family, isolated, stage, stage_note)
 
 
-def serving_target_with(name: str) -> Any:
-    """Apply mutant `name`'s run-time change in this process and return the built-in target."""
+def serving_target_with(name: str, tp: Any = None) -> Any:
+    """Apply mutant `name`'s run-time change in this process and return the built-in target (this
+    rank's sharded one in a tensor-parallel run)."""
     _APPLY[name]()
-    from parity.target import load_target
+    from parity.target import resolve_target
 
-    return load_target("serving")
+    return resolve_target("serving", tp=tp)
 
 
 def factory_lookup(module: str) -> Callable[[str], Callable[[], Any]]:
@@ -243,7 +257,7 @@ def _selection(kill: Kill | NotApplicable) -> str:
     if isinstance(kill, NotApplicable):
         return f"n/a: {kill.reason}"
     text = " ".join(f'"{part}"' if " " in part else part for part in kill.tests)
-    config = [kill.size] + ([kill.dtype] if kill.dtype else [])
+    config = [kill.size] + ([kill.dtype] if kill.dtype else []) + ([f"tp {kill.tp}"] if kill.tp > 1 else [])
     out = f"`{text}` ({' '.join(config)})"
     return out + (f": {kill.why}" if kill.why else "")
 

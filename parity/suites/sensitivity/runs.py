@@ -117,10 +117,12 @@ def run_covers_seed_independent(items: Sequence[Any], settings: Any, *, root: Pa
     configs = {
         kill.config
         for mutant in CATALOGUE.values()
-        if isinstance(kill := mutant.on(lane), Kill) and _seed_independent(kill.tests[0], _expression(kill.tests))
+        if isinstance(kill := mutant.on(lane), Kill)
+        and kill.tp == settings.tp
+        and _seed_independent(kill.tests[0], _expression(kill.tests))
     }
     run_dtype = None if settings.dtype == _lane_dtype(lane) else settings.dtype
-    if configs - {(settings.size, run_dtype)}:
+    if configs - {(settings.size, run_dtype, settings.tp)}:
         return False
     return all(
         any(picks(item, [((root / file).resolve(), expression)]) for item in items) for file, expression in SEED_INDEPENDENT
@@ -181,13 +183,15 @@ class ChildSessions:
             "--parity-no-summary",
             "-q",
         ]
+        argv += ["--parity-tp", str(kill.tp)] if kill.tp > 1 else []
         return argv + (["--parity-dtype", kill.dtype] if kill.dtype else [])
 
     def control_sessions(self, seed: int, out: Path) -> list[Session]:
         """The control of `seed`: one session per kill configuration."""
         lane = lane_of(self.settings.device)
         sessions = []
-        for index, (config, selection) in enumerate(control_selections(lane, seed, covered=self.covered).items()):
+        selections = control_selections(lane, seed, covered=self.covered, tp=self.settings.tp)
+        for index, (config, selection) in enumerate(selections.items()):
             key = ("control", seed, index)
             sessions.append(Session(key, control_args(selection, seed), config, out / f"config-{index}", CONTROL_COST))
         return sessions
@@ -307,16 +311,16 @@ def control_args(selection: list[str], seed: int) -> list[str]:
     return [*selection, "--parity-target", "serving", "--parity-seed", str(seed)]
 
 
-def control_selections(lane: str, seed: int = CONTROL_SEEDS[0], *, covered: bool = False) -> dict[Kill, list[str]]:
+def control_selections(lane: str, seed: int = CONTROL_SEEDS[0], *, covered: bool = False, tp: int = 1) -> dict[Kill, list[str]]:
     """Every test the lane's mutants are checked with, one pytest selection per configuration
     (size, dtype): the files, and each mutant's `-k` applied to its own file only
     (`parity/suites/sensitivity/selection.py`). The seed-independent selections
     (`SEED_INDEPENDENT`) only in the first seed's selection, and not at all when the run `covered`
     them itself (`run_covers_seed_independent`)."""
-    groups: dict[tuple[str, str | None], tuple[list[str], list[tuple[str, str | None]]]] = {}
+    groups: dict[tuple[str, str | None, int], tuple[list[str], list[tuple[str, str | None]]]] = {}
     for mutant in CATALOGUE.values():
         kill = mutant.on(lane)
-        if isinstance(kill, NotApplicable):
+        if isinstance(kill, NotApplicable) or kill.tp != tp:
             continue
         path = kill.tests[0]
         expression = _expression(kill.tests)
@@ -327,12 +331,12 @@ def control_selections(lane: str, seed: int = CONTROL_SEEDS[0], *, covered: bool
         if (path, expression) not in selections:
             selections.append((path, expression))
     return {
-        Kill((), size=size, dtype=dtype): [
+        Kill((), size=size, dtype=dtype, tp=ranks): [
             *dict.fromkeys(files),
             "-p",
             "parity.suites.sensitivity.selection",
             "--kill-selections",
             json.dumps(selections),
         ]
-        for (size, dtype), (files, selections) in groups.items()
+        for (size, dtype, ranks), (files, selections) in groups.items()
     }
