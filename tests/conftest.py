@@ -16,7 +16,18 @@ from parity.plugin.short_names import device, report, run_dir, settings, target 
 # Fixtures shared by several test modules, registered here once (a fixture imported into each
 # module would be a separate fixture per module).
 from tests.support.ar_support import reference, serving, tiny_dir  # noqa: F401
-from tests.support.shared_run import EXAMPLE, LANE, MINIMAL, REFERENCE, SUITES_BUT_SENSITIVITY, SharedRun, SharedRuns, shared_root
+from tests.support.shared_run import (
+    EXAMPLE,
+    EXAMPLE_TP2,
+    LANE,
+    MINIMAL,
+    REFERENCE,
+    SUITES_BUT_SENSITIVITY,
+    TP2,
+    SharedRun,
+    SharedRuns,
+    shared_root,
+)
 
 pytest_plugins = ["pytester"]  # in-process pytest sessions for the plugin's own tests
 
@@ -28,6 +39,8 @@ SHARED_RUN_FIXTURES = {
     "example_run": EXAMPLE,
     "reference_run": REFERENCE,
     "minimal_run": MINIMAL,
+    "tp_run": TP2,
+    "example_tp_run": EXAMPLE_TP2,
 }
 
 
@@ -98,3 +111,15 @@ def minimal_run(shared_runs: SharedRuns | None) -> SharedRun:
 def reference_run(shared_runs: SharedRuns | None) -> SharedRun:
     """`--target reference` through every suite but sensitivity."""
     return _read(shared_runs, "reference_run")
+
+
+@pytest.fixture(scope="session")
+def tp_run(shared_runs: SharedRuns | None) -> SharedRun:
+    """The built-in target tensor-parallel over 2 ranks (gloo): every suite, `parity run --tp 2`."""
+    return _read(shared_runs, "tp_run")
+
+
+@pytest.fixture(scope="session")
+def example_tp_run(shared_runs: SharedRuns | None) -> SharedRun:
+    """The example engine's TP=2 variant (examples/engine_target/engine_tp.py) through every AR suite."""
+    return _read(shared_runs, "example_tp_run")

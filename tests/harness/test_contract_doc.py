@@ -298,7 +298,7 @@ def test_chunked_prefill(ar_models, report):
         pytest.skip(f"the {ar_models.target.name} target declares no `prefill_chunks` (docs/targets.md §3)")
     report.verdict(rule, detail="the refusal must hold 'PIECEWISE is not a workaround' (docs/targets.md §3.1)")
     report.verdict(rule, detail="see docs/targets.md §NO_SUCH_SECTION")
-'''.replace("NO_SUCH_SECTION", "12")  # spelt at run time: the citation check (tests/repo/test_docs.py) reads this file
+'''.replace("NO_SUCH_SECTION", "13")  # spelt at run time: the citation check (tests/repo/test_docs.py) reads this file
 
 
 def test_a_message_naming_a_requirement_the_doc_lacks_fails() -> None:
@@ -308,7 +308,7 @@ def test_a_message_naming_a_requirement_the_doc_lacks_fails() -> None:
         "synthetic.py:5: names `prefill_chunks`, which docs/targets.md does not state",
         "synthetic.py:6: spells 'PIECEWISE is not a workaround' itself; take it from parity.contract "
         "(says_piecewise_is_not_a_workaround)",
-        f"synthetic.py:7: cites docs/targets.md §{12}, which the page lacks",
+        f"synthetic.py:7: cites docs/targets.md §{13}, which the page lacks",
     ]
 
 

@@ -47,7 +47,7 @@ def _session(*names: str) -> SimpleNamespace:
 
 
 def _settings(device: str = "cpu", target: str = "serving") -> SimpleNamespace:
-    return SimpleNamespace(device=device, target=target, size="tiny", dtype="fp32" if device == "cpu" else "bf16")
+    return SimpleNamespace(device=device, target=target, size="tiny", dtype="fp32" if device == "cpu" else "bf16", tp=1)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

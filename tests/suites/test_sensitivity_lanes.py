@@ -195,7 +195,7 @@ def test_a_run_covers_the_seed_independent_selections_only_at_the_kill_configura
         path.write_text(SUITE_STUB)
         paths.append(path)
     items, _ = pytester.inline_genitems(*paths, "-p", "no:parity", "--import-mode=importlib")
-    settings = SimpleNamespace(device="cpu", dtype=dtype, size="tiny", target=target)
+    settings = SimpleNamespace(device="cpu", dtype=dtype, size="tiny", target=target, tp=1)
     assert run_covers_seed_independent(items, settings, root=pytester.path) is covered
 
 

@@ -66,13 +66,14 @@ class RunSpec:
     name: str
     target: str = "serving"
     suites: tuple[str, ...] = ALL_SUITES
+    tp: int = 1
 
     def args(self) -> list[str]:
         selection = [] if self.suites == ALL_SUITES else [a for suite in self.suites for a in ("--suite", suite)]
-        return ["--target", self.target, *selection]
+        return ["--target", self.target, *selection, *(["--tp", str(self.tp)] if self.tp > 1 else [])]
 
     def covers(self, other: RunSpec) -> bool:
-        return self.target == other.target and set(other.suites) <= set(self.suites)
+        return self.target == other.target and self.tp == other.tp and set(other.suites) <= set(self.suites)
 
 
 LANE = RunSpec("cpu-lane")
@@ -85,7 +86,11 @@ EXAMPLE = RunSpec(
 REFERENCE = RunSpec("reference", target="reference", suites=tuple(s for s in ALL_SUITES if s != "sensitivity"))
 # The second example through the plain door: `parity run --target <it>`, no suite named.
 MINIMAL = RunSpec("minimal-ar", target="examples.minimal_target.parity_target:make_target")
-SPECS = (LANE, SUITES_BUT_SENSITIVITY, EXAMPLE, REFERENCE, MINIMAL)
+# The tensor-parallel lane: the built-in target sharded over 2 ranks (gloo), every suite (the AR ones
+# run; the sensitivity suite holds the sharding mutants), and the example engine's own TP=2 variant.
+TP2 = RunSpec("cpu-lane-tp2", tp=2)
+EXAMPLE_TP2 = dataclasses.replace(EXAMPLE, name="example-engine-tp2", tp=2)
+SPECS = (LANE, SUITES_BUT_SENSITIVITY, EXAMPLE, REFERENCE, MINIMAL, TP2, EXAMPLE_TP2)
 
 
 @dataclasses.dataclass(frozen=True)

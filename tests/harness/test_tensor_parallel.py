@@ -1,0 +1,223 @@
+"""Tensor-parallel runs (`parity run --tp 2`, gloo on CPU): the sharded built-in target and the
+example engine's TP=2 variant through every AR suite, the sharding mutants killed, the run's rows
+reviewed against the single-process baseline, and the ways a group breaks (a rank that dies, a
+rank that hangs, a factory that cannot take `tp`, options that cannot go with it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from parity.report import read_results
+from parity.report.baseline import compare_rows, load_rows
+from parity.report.rows import NOT_PROVIDED, mutation_score
+from parity.target import TargetError, resolve_target
+from reference_models.ar.config import ar_config
+from reference_models.checkpoints import random_state_dict
+from serving_models.ar import sharded
+from serving_models.common.safetensors_io import WeightMismatchError
+from tests.support.helpers import PROJECT_ROOT, run_parity, run_pytest
+from tests.support.shared_run import SharedRun, copy_run
+
+pytestmark = [pytest.mark.parity_cpu]
+
+COMMITTED_CPU_BASELINE = PROJECT_ROOT / "reports" / "baselines" / "cpu-fp32.csv"
+AR_SUITES = {"expert_selection", "fail_closed_capture", "embedding_clamp", "numerics", "decode", "weight_coverage", "recompiles"}
+
+
+def _gates(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[(frame["kind"] == "gate") & (frame["metric"] != NOT_PROVIDED)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The TP=2 lane (one shared run per session, tests/support/shared_run.py)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parity_slow
+def test_the_sharded_target_passes_every_ar_suite_at_tp2(tp_run: SharedRun) -> None:
+    assert tp_run.returncode == 0, tp_run.stdout[-4000:]
+    frame = tp_run.rows
+    assert set(frame["tp"].astype(str)) == {"2"}
+    gates = _gates(frame)
+    assert set(gates["suite"]) >= AR_SUITES
+    assert not gates["verdict"].isin(["fail", "error"]).any()
+    # The families the sharded target leaves out are one not-provided row per suite, not failures.
+    assert set(frame.loc[frame["metric"] == NOT_PROVIDED, "case"]) == {"dit", "routing"}
+    # Every graph mode ran sharded: the CPU graph stand-in and the compiled forward captured per rank.
+    routed = gates[(gates["suite"] == "expert_selection") & (gates["metric"] == "mismatched_tokens")]
+    assert {"eager", "cpu_graph", "compiled"} <= set(routed["mode"])
+    # Rank 1 wrote its own rows, every AR gate row with rank 0's verdict (`parity.plugin.ranks.disagreements`).
+    peer = read_results(tp_run.run_dir / "ranks" / "rank-1")
+    assert set(peer["tp"].astype(str)) == {"2"}
+    keys = ["suite", "case", "mode", "site", "metric"]
+    mine = gates[gates["suite"].isin(AR_SUITES)][[*keys, "verdict"]].sort_values(keys).reset_index(drop=True)
+    theirs = _gates(peer)[_gates(peer)["suite"].isin(AR_SUITES)][[*keys, "verdict"]].sort_values(keys).reset_index(drop=True)
+    pd.testing.assert_frame_equal(mine, theirs)
+    assert "disagrees with rank 0" not in tp_run.stdout
+
+
+@pytest.mark.parity_slow
+def test_every_sharding_mutant_is_killed_at_tp2(tp_run: SharedRun) -> None:
+    from parity.suites.sensitivity.catalogue import all_mutants, applies_at
+
+    sharding = sorted(m.name for m in all_mutants() if applies_at(m, "cpu", 2))
+    assert len(sharding) >= 5
+    score = mutation_score(tp_run.rows)
+    assert score is not None and score.tp == 2
+    assert score.killed == score.applicable == len(sharding) and not score.survivors
+    killed = tp_run.rows[(tp_run.rows["metric"] == "killed") & (tp_run.rows["verdict"] == "pass")]
+    assert sorted(killed["case"]) == sharding
+    # The correct sharded target raised no alarm under the control seeds, and the run says its score
+    # covers the catalogue of its own size (no "DID NOT RUN" for the single-process mutants).
+    controls = tp_run.rows[tp_run.rows["case"].str.startswith("correct-target-seed-") & (tp_run.rows["kind"] == "gate")]
+    assert len(controls) and (controls["verdict"] == "pass").all()
+    assert score.line() in tp_run.stdout and "DID NOT RUN" not in score.line()
+
+
+@pytest.mark.parity_slow
+def test_the_tp2_run_reviews_clean_against_the_single_process_baseline(tp_run: SharedRun, tmp_path: Path) -> None:
+    """The same AR gate rows as the committed single-process baseline, none worse by the rule; the
+    DiT and router rows (not provided) and the tp-1 mutants are said not compared, not vanished."""
+    baseline = load_rows(COMMITTED_CPU_BASELINE)
+    comparison = compare_rows(baseline, tp_run.rows, name=str(COMMITTED_CPU_BASELINE))
+    assert comparison.ok, comparison.regressions.head().to_string()
+    assert comparison.vanished.empty
+    new = comparison.new_cases()
+    assert new[new["suite"].isin(AR_SUITES) & ~new["case"].isin(["dit", "routing"])].empty, new.to_string()
+    ar_baseline_gates = _gates(baseline)[baseline["family"] == "ar"]
+    assert comparison.matched >= len(ar_baseline_gates) > 100
+    assert any(why.startswith("families this target does not provide (dit, routing)") for why in comparison.not_compared)
+    assert any(why.startswith("sensitivity (the mutants of tp 1") for why in comparison.not_compared)
+    # `parity review` says the same, exit 0.
+    result = run_parity(["review", str(copy_run(tp_run.run_dir, tmp_path / "run")), "--baseline", str(COMMITTED_CPU_BASELINE)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "regressions: 0" in result.stdout and "vanished cases: 0" in result.stdout
+    assert "families this target does not provide (dit, routing)" in result.stdout
+
+
+def test_without_the_family_column_every_baseline_row_is_compared(tp_run: SharedRun) -> None:
+    """The exclusion reads the baseline's `family` column: without it (a baseline written before
+    the column existed) the DiT rows are vanished again, so the exclusion is what makes the review clean."""
+    baseline = load_rows(COMMITTED_CPU_BASELINE).assign(family="")
+    comparison = compare_rows(baseline, tp_run.rows)
+    assert not comparison.ok and comparison.vanished_gate_rows > 0
+    assert set(comparison.vanished["case"]) & {"dit-blocks-32x32-text4", "dit-regional-compile"}
+
+
+@pytest.mark.parity_slow
+def test_the_example_engine_at_tp2_matches_its_single_process_run(example_tp_run: SharedRun, example_run: SharedRun) -> None:
+    assert example_tp_run.returncode == 0, example_tp_run.stdout[-4000:]
+    sharded_gates, single_gates = _gates(example_tp_run.rows), _gates(example_run.rows)
+    assert set(example_tp_run.rows["tp"].astype(str)) == {"2"}
+    keys = ["suite", "case", "mode", "site", "metric", "verdict"]
+    assert not sharded_gates["verdict"].isin(["fail", "error"]).any()
+    assert set(map(tuple, sharded_gates[keys].to_numpy().tolist())) == set(map(tuple, single_gates[keys].to_numpy().tolist()))
+
+
+# ---------------------------------------------------------------------------------------------
+# A broken group ends the run with the rank named, never a hang
+# ---------------------------------------------------------------------------------------------
+
+
+def _tp_session(tmp_path: Path, factory: str, timeout_s: int) -> tuple[int, str, float]:
+    args = [
+        "parity/suites/ar/test_numerics.py",
+        "-k",
+        "test_target_matches_reference_layer_by_layer",
+        "-m",
+        "cpu",
+        "--parity-tp",
+        "2",
+        "--parity-target",
+        f"tests.support.tp_target_variants:{factory}",
+        "--parity-report-dir",
+        str(tmp_path),
+        "--parity-run-id",
+        "r",
+    ]
+    start = time.monotonic()
+    result = run_pytest(args, cwd=PROJECT_ROOT, timeout=300, PARITY_TP_TIMEOUT_S=str(timeout_s))
+    return result.returncode, result.stdout + result.stderr, time.monotonic() - start
+
+
+@pytest.mark.parity_slow
+def test_a_rank_that_dies_ends_the_run_naming_it(tmp_path: Path) -> None:
+    code, output, _ = _tp_session(tmp_path, "make_target_rank1_dies", 60)
+    assert code not in (0, 5), output[-3000:]
+    assert "rank 1 exited with status 7" in output, output[-3000:]
+    assert "tensor-parallel group broken" in output
+    # The session stopped after the first broken test: one exception row, not one per test.
+    rows = read_results(tmp_path / "r")
+    assert (rows["verdict"] == "error").sum() >= 1
+    assert rows["test"].nunique() <= 2, rows["test"].unique()
+
+
+@pytest.mark.parity_slow
+def test_a_rank_that_hangs_ends_the_run_after_the_collective_timeout(tmp_path: Path) -> None:
+    code, output, seconds = _tp_session(tmp_path, "make_target_rank1_hangs", 8)
+    assert code not in (0, 5), output[-3000:]
+    assert "tensor-parallel group broken" in output and "timeout" in output.lower(), output[-3000:]
+    assert "rank 1 was still running" in output and "was stopped" in output, output[-3000:]
+    assert seconds < 150, seconds  # two timeouts (the collective, the wait for the peer) and start-up, not a hang
+
+
+def test_a_factory_without_tp_is_refused_naming_the_contract() -> None:
+    fake = dataclasses.make_dataclass("TP", ["rank", "world_size", "group"])(0, 2, None)
+    with pytest.raises(TargetError, match=r"takes no 'tp' argument.*tp 2.*docs/targets.md §11"):
+        resolve_target("tests.support.tp_target_variants:make_target_without_tp", tp=fake)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--tp", "0"], "--tp 0: the tensor-parallel size must be at least 1"),
+        (["--tp", "2", "-n", "2"], "--tp 2 with -n 2: every rank runs the same tests in the same order"),
+    ],
+)
+def test_options_that_cannot_go_with_tp_are_refused(extra: list[str], message: str, tmp_path: Path) -> None:
+    result = run_parity(["run", "--report-dir", str(tmp_path), *extra])
+    assert result.returncode == 4, result.stdout + result.stderr  # a usage error (docs/cli.md §6)
+    assert message in result.stderr
+    assert not any(tmp_path.iterdir())  # refused before any run directory
+
+
+# ---------------------------------------------------------------------------------------------
+# The sharding loader checks full shapes before slicing
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_sharded_loader_names_a_misshapen_tensor() -> None:
+    config = ar_config("tiny")
+    state = random_state_dict(config, 0)
+    name = "model.layers.0.self_attn.o_proj.weight"
+    state[name] = state[name][:, :-1]
+    with pytest.raises(WeightMismatchError, match=r"o_proj\.weight"):
+        sharded.load_sharded(config, state, sharded.TensorParallel(0, 2, None))
+
+
+def test_a_size_that_does_not_divide_the_heads_is_refused() -> None:
+    config = ar_config("tiny")
+    heads = config.num_attention_heads
+    odd = next(n for n in range(2, heads + 2) if heads % n)
+    with pytest.raises(
+        sharded.ShardingError, match=f"num_attention_heads = {heads} is not divisible by the tensor-parallel size {odd}"
+    ):
+        sharded.load_sharded(config, random_state_dict(config, 0), sharded.TensorParallel(0, odd, None))
+
+
+def test_each_rank_holds_its_slice_of_every_split_weight() -> None:
+    config = ar_config("tiny")
+    state = random_state_dict(config, 0)
+    ranks = [sharded.load_sharded(config, state, sharded.TensorParallel(r, 2, None)) for r in range(2)]
+    o_proj = "model.layers.0.self_attn.o_proj.weight"
+    whole = torch.cat([m.get_parameter(f"language_model.{o_proj}") for m in ranks], dim=1)
+    torch.testing.assert_close(whole, state[o_proj], rtol=0, atol=0)
+    embed = "model.embed_tokens.weight"
+    rows = torch.cat([m.get_parameter(f"language_model.{embed}") for m in ranks], dim=0)
+    torch.testing.assert_close(rows, state[embed], rtol=0, atol=0)
