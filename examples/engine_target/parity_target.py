@@ -9,6 +9,9 @@ observes the engine's fused-residual layers as they are.
 An AR-only target: no `load_dit` / `build_dit` and no `router()`, so the DiT and routing suites
 skip with that reason. Engine policies this engine does not follow are declared in
 `not_applicable` with the reason; parity records those checks as `not_applicable` rows.
+
+`make_target(tp=...)` (a `parity run --tp N`) returns `ShardedEngineTarget`: the same adapter over
+this rank's shard of the engine (`engine_tp.py`), declaring only the stages every rank holds whole.
 """
 
 from __future__ import annotations

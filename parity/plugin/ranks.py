@@ -36,6 +36,10 @@ INIT_ENV = "PARITY_TP_INIT"
 PARENT_ENV = "PARITY_TP_PARENT"
 TIMEOUT_ENV = "PARITY_TP_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300.0
+# The ranks meet once, at the target's resolution: the peers are fresh interpreters that import
+# torch and collect the suites first, seconds behind rank 0 on a busy machine, whatever the
+# collectives' timeout.
+RENDEZVOUS_MIN_S = 120.0
 RANKS_DIR = "ranks"
 # NVLink multicast must stay off on the lent GPU machines (NCCL NVLS, symmetric-memory multicast).
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
@@ -175,14 +179,27 @@ class RankGroup:
             backend = "nccl" if self.device == "cuda" else "gloo"
             if self.device == "cuda":
                 torch.cuda.set_device(self.rank)
-            dist.init_process_group(
-                backend,
-                init_method=f"file://{self.init_file}",
-                rank=self.rank,
-                world_size=self.world_size,
-                timeout=datetime.timedelta(seconds=timeout_s()),
-            )
-            self._tp = TensorParallel(self.rank, self.world_size, dist.group.WORLD)
+            meet_s = max(timeout_s(), RENDEZVOUS_MIN_S)
+            try:
+                dist.init_process_group(
+                    backend,
+                    init_method=f"file://{self.init_file}",
+                    rank=self.rank,
+                    world_size=self.world_size,
+                    timeout=datetime.timedelta(seconds=meet_s),
+                )
+                # the group the target computes in: every collective bounded by the run's timeout
+                group = dist.new_group(list(range(self.world_size)), timeout=datetime.timedelta(seconds=timeout_s()))
+            except RuntimeError as exc:
+                from parity.target import TargetError
+
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                logs = ", ".join(str(peer.log) for peer in self.peers) or "rank 0's terminal"
+                raise TargetError(
+                    f"--parity-tp {self.world_size}: rank {self.rank} did not meet the other ranks within {meet_s:.0f} s "
+                    f"({type(exc).__name__}: {first}); their output: {logs}"
+                ) from None
+            self._tp = TensorParallel(self.rank, self.world_size, group)
         return self._tp
 
     # ---- the end ----

@@ -508,7 +508,7 @@ def _loaded_catalogue_size(device: str, tp: int) -> int | None:
         return None
     try:
         lane = catalogue.lane_of(device)
-        return sum(1 for mutant in catalogue.all_mutants() if catalogue.applies_at(mutant, lane, tp))
+        return sum(1 for mutant in catalogue.all_mutants().values() if catalogue.applies_at(mutant, lane, tp))
     except Exception:  # a catalogue that cannot load here says nothing about the run's rows
         return None
 
