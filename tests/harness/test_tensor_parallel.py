@@ -66,7 +66,7 @@ def test_the_sharded_target_passes_every_ar_suite_at_tp2(tp_run: SharedRun) -> N
 def test_every_sharding_mutant_is_killed_at_tp2(tp_run: SharedRun) -> None:
     from parity.suites.sensitivity.catalogue import all_mutants, applies_at
 
-    sharding = sorted(m.name for m in all_mutants() if applies_at(m, "cpu", 2))
+    sharding = sorted(m.name for m in all_mutants().values() if applies_at(m, "cpu", 2))
     assert len(sharding) >= 5
     score = mutation_score(tp_run.rows)
     assert score is not None and score.tp == 2
@@ -90,7 +90,8 @@ def test_the_tp2_run_reviews_clean_against_the_single_process_baseline(tp_run: S
     assert comparison.vanished.empty
     new = comparison.new_cases()
     assert new[new["suite"].isin(AR_SUITES) & ~new["case"].isin(["dit", "routing"])].empty, new.to_string()
-    ar_baseline_gates = _gates(baseline)[baseline["family"] == "ar"]
+    baseline_gates = _gates(baseline)
+    ar_baseline_gates = baseline_gates[baseline_gates["family"] == "ar"]
     assert comparison.matched >= len(ar_baseline_gates) > 100
     assert any(why.startswith("families this target does not provide (dit, routing)") for why in comparison.not_compared)
     assert any(why.startswith("sensitivity (the mutants of tp 1") for why in comparison.not_compared)
