@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from parity.compare import FAIL, NOT_APPLICABLE, PASS
-from parity.suites.sensitivity.catalogue import FAMILY_TITLES, Mutant, all_mutants
+from parity.suites.sensitivity.catalogue import FAMILY_TITLES, Mutant, all_mutants, applies_at
 
 LOCALISED_SUITES = ("numerics", "decode", "image", "routing")
 METRIC = "localised_stage"
@@ -30,10 +30,12 @@ How a stage is localised: [localise.md](localise.md).
 
 
 def in_scope(catalogue: Mapping[str, Mutant] | None = None) -> list[Mutant]:
-    """The mutants of the suites that localise a failing case, by family (in each, as registered)."""
+    """The mutants of the suites that localise a failing case, by family (in each, as registered).
+    The table is a single-process run's: the sharding mutants run only at `--tp 2`, where a stage
+    map declares only the stages every rank holds whole (docs/targets.md §11), and are left out."""
     catalogue = all_mutants() if catalogue is None else catalogue
     order = list(FAMILY_TITLES.values())  # by family as docs/mutants.md lists them, not by import order
-    mutants = [m for m in catalogue.values() if m.suite in LOCALISED_SUITES]
+    mutants = [m for m in catalogue.values() if m.suite in LOCALISED_SUITES and applies_at(m, "cpu", 1)]
     return sorted(mutants, key=lambda m: order.index(m.group) if m.group in order else len(order))
 
 
