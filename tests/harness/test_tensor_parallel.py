@@ -222,3 +222,39 @@ def test_each_rank_holds_its_slice_of_every_split_weight() -> None:
     embed = "model.embed_tokens.weight"
     rows = torch.cat([m.get_parameter(f"language_model.{embed}") for m in ranks], dim=0)
     torch.testing.assert_close(rows, state[embed], rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rank 0 holds every peer to its own verdicts
+# ---------------------------------------------------------------------------------------------
+
+
+def _verdict_rows(run_dir: Path, verdicts: dict[tuple[str, str], str]) -> Path:
+    from parity.report import ReportWriter
+
+    writer = ReportWriter(
+        run_dir, {"run_id": run_dir.name, "target": "serving", "device": "cpu", "dtype": "fp32", "size": "tiny", "tp": 2}
+    )
+    for (suite, case), verdict in verdicts.items():
+        writer.write({"suite": suite, "case": case, "metric": "max_abs", "value": 0.0, "threshold": 1.0, "verdict": verdict})
+    return run_dir
+
+
+def test_a_peer_that_judged_a_gate_row_otherwise_is_named(tmp_path: Path) -> None:
+    """`ranks.disagreements`: the same verdicts are no finding; one flipped AR verdict on rank 1 is one
+    line naming the row and both verdicts; rank 0's sensitivity rows (a suite only rank 0 runs) are not
+    expected of a peer."""
+    from types import SimpleNamespace
+
+    from parity.plugin import ranks
+
+    same = {("numerics", "mixed"): "pass", ("decode", "t2i"): "pass"}
+    mine = _verdict_rows(tmp_path / "run", {**same, ("sensitivity", "tp-vocab-lookup-unmasked"): "pass"})
+
+    def group(verdicts: dict[tuple[str, str], str], name: str) -> SimpleNamespace:
+        peer_dir = _verdict_rows(tmp_path / name, verdicts)
+        return SimpleNamespace(peers=[ranks.Peer(1, None, tmp_path / f"{name}.log", peer_dir)])
+
+    assert ranks.disagreements(mine, group(same, "agrees")) == []
+    (line,) = ranks.disagreements(mine, group({**same, ("decode", "t2i"): "fail"}, "differs"))
+    assert "rank 1 disagrees with rank 0 on 1 gate row(s): decode/t2i/eager max_abs: rank 0 pass, rank 1 fail" in line
