@@ -269,6 +269,7 @@ def shape_text(value: Any) -> str:
 
 TIMEOUT_ENV = "PARITY_CHECK_TARGET_TIMEOUT"
 DEFAULT_TIMEOUT_S = 180.0  # the serving target's check takes seconds; a CUDA start-up a few more
+STARTUP_BOUND_S = 120.0  # a fresh child's interpreter and torch import (seconds; many more on a loaded machine)
 THREAD_GRACE_S = 2.0  # how long threads the target started may take to end by themselves
 CONFORMS, DOES_NOT_CONFORM, UNRESOLVED = 0, 1, 3  # `parity check-target`'s exit codes (2: usage)
 _CHILD_CODE = "import sys; from parity.conformance import child_main; child_main(sys.argv[1])"
@@ -367,6 +368,9 @@ def child_main(payload: str, *, forked: bool = False) -> NoReturn:
         _exit_with_parent(int(options["parent"]))
         if forked and "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(1)  # a thread pool the parent started does not survive a fork
+        import torch  # noqa: F401  the harness's own import: its seconds are not the target's (docs/targets.md §8)
+
+        _send(fd, {"ready": True})  # the parent's clock for the target starts here
         _step_listener = lambda what: _send(fd, {"step": what})
         outcome = check_here(options["spec"], options["device"], options["suites"])
         _send(fd, {"result": dataclasses.asdict(outcome)})
@@ -401,12 +405,23 @@ class CheckProcess:
         self.popen = popen
         self.status: int | None = None  # the child's wait status once reaped
 
-    def wait(self, timeout: float) -> CheckOutcome:
-        deadline = time.monotonic() + timeout
-        step, buffer, result = "starting", b"", None
+    def wait(self, timeout: float, startup: float = STARTUP_BOUND_S) -> CheckOutcome:
+        """The child's outcome. `timeout` counts from when the child is ready (its interpreter
+        started and torch imported, within `startup` seconds): a loaded machine's slow start-up is
+        not charged to the target."""
+        deadline = time.monotonic() + startup
+        step, buffer, result, started = "starting", b"", None, False
         try:
             while result is None:
                 left = deadline - time.monotonic()
+                if left <= 0 and not started:
+                    return CheckOutcome(
+                        DOES_NOT_CONFORM,
+                        [
+                            f"the check's process for target {self.spec} did not start within {startup:g} s "
+                            "(a fresh interpreter importing torch; before any target code ran)"
+                        ],
+                    )
                 if left <= 0:
                     return CheckOutcome(
                         DOES_NOT_CONFORM,
@@ -428,6 +443,8 @@ class CheckProcess:
                 for line in lines:
                     with contextlib.suppress(ValueError, AttributeError):  # only the check writes here
                         message = json.loads(line)
+                        if message.get("ready") and not started:
+                            started, deadline = True, time.monotonic() + timeout
                         step = message.get("step", step)
                         result = message.get("result", result)
             if result is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -161,6 +162,33 @@ def test_check_target_plans_for_the_suites_that_exist() -> None:
     by_family = _suites_by_family()
     for key, family in FAMILIES.items():
         assert set(family.suites) == by_family[key], key
+
+
+# ---------------------------------------------------------------------------------------------
+# The time limit is the target's: a fresh child's start-up is bounded on its own
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parity_slow  # two fresh interpreters, each slowed by seconds
+def test_a_slow_start_up_is_not_charged_to_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh child spends seconds importing torch before any target code runs (on a loaded CI
+    machine, more than a short `--timeout`: the row check-target-router-hangs once failed with the
+    step "importing module"). Start-up is simulated here by a sitecustomize that sleeps longer than
+    the time limit: the check still reaches the router and names it, and a start-up longer than its
+    own bound gets its own line."""
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(6)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    spec = f"{slippery_targets.__name__}:router_hangs"
+    hung = conformance.start_check(spec, suites=["routing"], fresh=True, quiet=True).wait(4)
+    assert hung.lines == [
+        f"target {spec} did not finish its check within 4 s: it hung in router: target.router() (docs/targets.md §1)"
+    ], hung.lines
+    late = conformance.start_check(spec, suites=["routing"], fresh=True, quiet=True).wait(4, startup=2)
+    assert late.code == conformance.DOES_NOT_CONFORM
+    assert late.lines == [
+        f"the check's process for target {spec} did not start within 2 s (a fresh interpreter importing torch; "
+        "before any target code ran)"
+    ], late.lines
 
 
 # ---------------------------------------------------------------------------------------------
