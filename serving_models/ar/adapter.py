@@ -37,13 +37,15 @@ Computation (no autograd)
     step_logits [B, N, V])`; `step_logits[:, i]` chose `tokens[:, i]`. `step_fn` replaces
     `decode_step` (e.g. a captured graph's replay) and must use this adapter's decode state.
 Mask-keyed decode graphs (serving only; a target without them captures one decode graph)
-    `decode_graph_keys` (`("und_only", "blend")`): the graphs a runner captures per batch size.
+    `decode_graph_keys` (`("und_only", "gen_only", "blend")`): the graphs a runner captures per batch size.
     `select_decode_graph(key)`: host-side, what `decode_step` runs from now on, and so what a
     capture bakes; a runner calls it from its `host_prepare` hook (before recording and before
     each replay of that key's graph). `und_only`: the und expert alone, gen tokens poisoned to
-    NaN; `blend`: the graph-safe blend (the default, restored by `select_decode_graph(None)`).
+    NaN; `gen_only`: the gen expert alone in the MoE layers, text tokens poisoned to NaN;
+    `blend`: the graph-safe blend (the default, restored by `select_decode_graph(None)`).
     `decode_graph_key(generating) -> key`: the graph a batch replays, from per-request host
-    state (Python bools: may this request feed a gen token this step); never a device read.
+    state (per row: True feeds a gen token this step, False a text token, None not known);
+    never a device read.
 Fused kernels (serving only, optional)
     `unfused_kernels()`: a context in which forwards run the torch ops the fused CUDA decode
     kernels replace (`serving_models/ar/kernels.py`); the benchmark times both.
@@ -181,7 +183,7 @@ class ServingARAdapter:
     def __init__(self, module: MammothModa2ForConditionalGeneration) -> None:
         self.module = module
         self.decode_state: StaticKVCache | None = None
-        self.decode_und_only = False  # host state: the key `decode_step` runs (and a capture bakes)
+        self.decode_only_expert: str | None = None  # host state: the key `decode_step` runs (and a capture bakes)
         self._layer_outputs = LayerOutputs(list(self._layers))
 
     @classmethod
@@ -303,8 +305,9 @@ class ServingARAdapter:
         return self.module.compute_logits(self.module(input_ids, positions, kv_cache=state))
 
     @staticmethod
-    def decode_graph_key(generating: Sequence[bool]) -> str:
-        """The decode graph for a batch whose requests are (True) or are not generating an image."""
+    def decode_graph_key(generating: Sequence[bool | None]) -> str:
+        """The decode graph for a batch whose rows feed a gen token (True), a text token (False) or
+        a token the host does not know (None) this step."""
         return ar_runner.decode_graph_key(generating)  # looked up at call time: one replaceable decision
 
     def select_decode_graph(self, key: str | None) -> None:
@@ -312,7 +315,7 @@ class ServingARAdapter:
         None restores the default, the blend (correct for any batch)."""
         if key is not None and key not in self.decode_graph_keys:
             raise ValueError(f"unknown decode graph key {key!r}; keys are {self.decode_graph_keys}")
-        self.decode_und_only = key == ar_runner.UND_ONLY
+        self.decode_only_expert = ar_runner.ONLY_EXPERT[key or ar_runner.BLEND]
 
     @staticmethod
     def unfused_kernels() -> contextlib.AbstractContextManager[None]:
@@ -327,7 +330,7 @@ class ServingARAdapter:
         No `torch.no_grad()` here (the weights have `requires_grad=False`), so a tracer sees
         exactly this computation.
         """
-        hidden = self.module(input_ids, positions[:, None], kv_cache=self.decode_state, und_only=self.decode_und_only)
+        hidden = self.module(input_ids, positions[:, None], kv_cache=self.decode_state, only_expert=self.decode_only_expert)
         return self.module.compute_logits(hidden[:, 0])
 
     @torch.no_grad()

@@ -12,8 +12,9 @@ Same math as upstream, shaped for graph capture and compilation:
 - MoE dispatch that asks the target-owned capture probe: outside capture the eager fast paths
   (all-und / all-gen / mixed gather-scatter) run; under capture a `torch.where` blend runs both
   experts on every row and never reads the mask on the host; capture without a mask fails
-  closed. A forward the host keys `und_only` (no request in the batch is generating an image)
-  runs the und expert alone in every mode: the und-only decode graph of the mask-keyed pair.
+  closed. A forward the host keys to one expert (`only_expert`: no request of the batch feeds a
+  gen token, or every one does) runs that expert alone in the MoE layers, in every mode: the
+  und-only and gen-only decode graphs beside the blended one.
 - `requires_raw_input_tokens = True` on the AR wrappers and the top-level module, so a runner
   keeps `input_ids` beside `inputs_embeds` and the mask can be derived from the ids.
 
@@ -424,12 +425,17 @@ class ExpertDispatch(nn.Module):
         return moe_dispatch(hidden_states, und_expert, gen_expert, gen_token_mask, self.layer_name)
 
 
-def poison_gen_tokens(hidden_states: torch.Tensor, gen_token_mask: torch.Tensor | None) -> torch.Tensor:
-    """NaN on every gen token of a forward keyed und-only: graph-safe (no host read), so a broken
-    host promise gives non-finite logits instead of gen tokens silently served by the und expert."""
+UND, GEN = "und", "gen"  # the expert a forward keyed to one expert runs (`only_expert`)
+
+
+def poison_misrouted_tokens(hidden_states: torch.Tensor, gen_token_mask: torch.Tensor | None, only_expert: str) -> torch.Tensor:
+    """NaN on every token the keyed expert must not serve (gen tokens of an und-only forward, text
+    tokens of a gen-only one): graph-safe (no host read), so a broken host promise gives
+    non-finite logits instead of tokens silently served by the wrong expert."""
     if gen_token_mask is None:
         return hidden_states
-    return hidden_states.masked_fill(gen_token_mask.unsqueeze(-1), float("nan"))
+    wrong = gen_token_mask if only_expert == UND else ~gen_token_mask
+    return hidden_states.masked_fill(wrong.unsqueeze(-1), float("nan"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -461,16 +467,26 @@ class MammothModa2DecoderLayer(nn.Module):
         self.experts = ExpertDispatch(self.layer_name)
 
     def forward(
-        self, hidden_states: torch.Tensor, attn: AttentionInputs, gen_token_mask: torch.Tensor | None, und_only: bool = False
+        self,
+        hidden_states: torch.Tensor,
+        attn: AttentionInputs,
+        gen_token_mask: torch.Tensor | None,
+        only_expert: str | None = None,
     ) -> torch.Tensor:
-        """`und_only`: the host keyed this forward und-only (no token is a gen token): the und expert
-        alone, no blend and no dispatch (docs/model.md §4, mask-keyed decode graphs)."""
         hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), attn)
-        x = self.post_attention_layernorm(hidden_states)
-        if und_only:
-            return hidden_states + self.mlp(x)
+        return hidden_states + self.feed_forward(self.post_attention_layernorm(hidden_states), gen_token_mask, only_expert)
+
+    def feed_forward(self, x: torch.Tensor, gen_token_mask: torch.Tensor | None, only_expert: str | None) -> torch.Tensor:
+        """The MoE half. `only_expert` (UND or GEN): the host keyed this forward to one expert (no
+        token of the batch is a gen token, or every one is): that expert alone, no blend and no
+        dispatch (docs/model.md §4, mask-keyed decode graphs); a layer without a gen expert serves
+        gen tokens with its `mlp`, as in the blend."""
+        if only_expert == GEN and self.gen_mlp is not None:
+            return self.gen_mlp(x)
+        if only_expert is not None:
+            return self.mlp(x)
         mask = gen_token_mask if self.moe_enable else None
-        return hidden_states + self.experts(x, self.mlp, self.gen_mlp, mask)
+        return self.experts(x, self.mlp, self.gen_mlp, mask)
 
 
 class Mammoth3DecoderLayer(MammothModa2DecoderLayer):
@@ -568,15 +584,16 @@ class MammothModa2Qwen2ForCausalLM(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         gen_token_mask: torch.Tensor | None = None,
         kv_cache: StaticKVCache | None = None,
-        und_only: bool = False,
+        only_expert: str | None = None,
     ) -> torch.Tensor | IntermediateTensors:
         """Hidden states `[B, L, D]` after the final norm (last stage) or the next stage's tensors.
 
         The mask comes from `input_ids` whenever they are given, also beside `inputs_embeds`;
         embeddings without ids and without a mask leave it None (eager: und expert everywhere,
-        capture: fails closed). `und_only=True` is the host's promise that no token is a gen token
-        (an und-only decode graph): every MoE layer runs its und expert alone and gen tokens, if
-        any arrive anyway, leave as NaN (`poison_gen_tokens`).
+        capture: fails closed). `only_expert=UND` is the host's promise that no token is a gen token
+        (the und-only decode graph), `only_expert=GEN` that every token is one (the gen-only graph):
+        every MoE layer runs that expert alone, and a token of the other kind, if one arrives
+        anyway, leaves as NaN (`poison_misrouted_tokens`).
         """
         if self.is_first_stage:
             if input_ids is None and inputs_embeds is None:
@@ -593,9 +610,9 @@ class MammothModa2Qwen2ForCausalLM(nn.Module):
         cos, sin = self.model.rotary_emb(positions, hidden_states.dtype)
         attn = AttentionInputs.build(cos, sin, positions, kv_cache)
         for layer in self.model.layers[self.start_layer : self.end_layer]:
-            hidden_states = layer(hidden_states, attn, gen_token_mask, und_only)
-        if und_only:
-            hidden_states = poison_gen_tokens(hidden_states, gen_token_mask)
+            hidden_states = layer(hidden_states, attn, gen_token_mask, only_expert)
+        if only_expert is not None:
+            hidden_states = poison_misrouted_tokens(hidden_states, gen_token_mask, only_expert)
 
         if not self.is_last_stage:
             tensors = IntermediateTensors(hidden_states=hidden_states)
@@ -646,10 +663,10 @@ class MammothModa2Qwen2ARForConditionalGeneration(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         gen_token_mask: torch.Tensor | None = None,
         kv_cache: StaticKVCache | None = None,
-        und_only: bool = False,
+        only_expert: str | None = None,
     ) -> torch.Tensor | IntermediateTensors:
         return self.language_model(
-            input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache, und_only=und_only
+            input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache, only_expert=only_expert
         )
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -695,9 +712,11 @@ class MammothModa2ForConditionalGeneration(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         gen_token_mask: torch.Tensor | None = None,
         kv_cache: StaticKVCache | None = None,
-        und_only: bool = False,
+        only_expert: str | None = None,
     ) -> torch.Tensor | IntermediateTensors:
-        return self.ar(input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache, und_only=und_only)
+        return self.ar(
+            input_ids, positions, intermediate_tensors, inputs_embeds, gen_token_mask, kv_cache, only_expert=only_expert
+        )
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.ar.compute_logits(hidden_states)

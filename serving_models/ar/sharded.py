@@ -205,13 +205,9 @@ class ShardedAttention(ar_model.MammothModa2Attention):
 class ShardedDecoderLayer(ar_model.MammothModa2DecoderLayer):
     """`h = o_proj(attn) + x` with the add fused into the all-reduce; the MoE half unchanged."""
 
-    def forward(self, hidden_states, attn, gen_token_mask, und_only: bool = False):
+    def forward(self, hidden_states, attn, gen_token_mask, only_expert: str | None = None):
         hidden_states = self.self_attn(self.input_layernorm(hidden_states), attn, hidden_states)
-        x = self.post_attention_layernorm(hidden_states)
-        if und_only:
-            return hidden_states + self.mlp(x)
-        mask = gen_token_mask if self.moe_enable else None
-        return hidden_states + self.experts(x, self.mlp, self.gen_mlp, mask)
+        return hidden_states + self.feed_forward(self.post_attention_layernorm(hidden_states), gen_token_mask, only_expert)
 
 
 class ShardedQwen3DecoderLayer(ShardedDecoderLayer):

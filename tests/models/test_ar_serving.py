@@ -236,45 +236,64 @@ def test_prefill_and_decode_equal_the_full_forward(serving) -> None:
 # ---- mask-keyed decode graphs (docs/model.md §4) ------------------------------------------------
 
 
-def test_decode_graph_key_is_any_generating_request_from_host_state() -> None:
+def test_decode_graph_key_is_the_batch_composition_from_host_state() -> None:
     assert ar_runner.decode_graph_key([False, False]) == ar_runner.UND_ONLY
-    assert ar_runner.decode_graph_key([False, True]) == ar_runner.BLEND  # one image request: the blend
+    assert ar_runner.decode_graph_key([True, True]) == ar_runner.GEN_ONLY  # every request inside an image
+    assert ar_runner.decode_graph_key([False, True]) == ar_runner.BLEND  # a mix: the blend
+    assert ar_runner.decode_graph_key([True, None]) == ar_runner.BLEND  # a token the host does not know
+    assert ar_runner.decode_graph_key([None]) == ar_runner.BLEND
     assert ar_runner.decode_graph_key([]) == ar_runner.UND_ONLY
     with pytest.raises(TypeError, match="device-to-host sync"):
         ar_runner.decode_graph_key(torch.tensor([False, True]))
 
 
-def test_und_only_graph_is_single_expert_and_poisons_a_broken_promise(tiny_dir) -> None:
-    """The und-only key, captured on zeros: no gen expert in the graph, text rows equal the blend's
-    (a single-expert step), and a gen token replayed on it comes out NaN (never und-routed quietly)."""
+def _expert_calls(adapter: ServingARAdapter) -> tuple[dict[str, int], list]:
+    """Forward calls of the und and gen experts of the MoE layers, counted by hooks (and the hooks)."""
+    calls = {"und": 0, "gen": 0}
+    hooks = []
+    for site in adapter.moe_sites():
+        for name, module in (("und", site.und), ("gen", site.gen)):
+            hooks.append(module.register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1)))
+    return calls, hooks
+
+
+@pytest.mark.parametrize(
+    ("key", "absent", "kept_row", "poisoned_row"),
+    [(ar_runner.UND_ONLY, "gen", [40], [START + 3]), (ar_runner.GEN_ONLY, "und", [START + 3], [40])],
+    ids=["und_only", "gen_only"],
+)
+def test_single_expert_graph_runs_one_expert_and_poisons_a_broken_promise(
+    tiny_dir, key: str, absent: str, kept_row: list[int], poisoned_row: list[int]
+) -> None:
+    """A single-expert key, captured on zeros: the other expert is not in the graph, rows of its
+    own kind equal the blend's (a single-expert step), and a row of the other kind replayed on it
+    comes out NaN (never routed to the wrong expert quietly)."""
     adapter = ServingARAdapter.load(tiny_dir)
-    calls = {"gen": 0}
-    gen_mlps = [layer.gen_mlp for layer in adapter.module.language_model.model.layers if layer.gen_mlp is not None]
-    hooks = [m.register_forward_hook(lambda *_: calls.__setitem__("gen", calls["gen"] + 1)) for m in gen_mlps]
+    calls, hooks = _expert_calls(adapter)
     adapter.allocate_decode_state(2, 8)
-    adapter.select_decode_graph(ar_runner.UND_ONLY)
+    adapter.select_decode_graph(key)
     try:
-        und_graph = trace_decode_step(adapter, batch=2, max_len=None)
+        keyed_graph = trace_decode_step(adapter, batch=2, max_len=None)
     finally:
         adapter.select_decode_graph(None)
         for hook in hooks:
             hook.remove()
-    assert calls["gen"] == 0  # recorded without the gen expert (the blend's recording calls it)
+    assert calls[absent] == 0 and calls["und" if absent == "gen" else "gen"] > 0  # the blend's recording calls both
     blend_graph = trace_decode_step(adapter, batch=2, max_len=None)
     prompt = torch.tensor([[5, 9, 11, 4], [7, 8, 9, 10]])
     adapter.prefill(prompt)
-    text = torch.tensor([[40], [41]])
     positions = torch.full((2,), 4)
-    torch.testing.assert_close(und_graph(text, positions), blend_graph(text, positions), rtol=0, atol=0)
-    mixed = torch.tensor([[40], [START + 3]])
-    logits = und_graph(mixed, positions)
+    same_kind = torch.tensor([kept_row, [kept_row[0] + 1]])
+    torch.testing.assert_close(keyed_graph(same_kind, positions), blend_graph(same_kind, positions), rtol=0, atol=0)
+    mixed = torch.tensor([kept_row, poisoned_row])
+    logits = keyed_graph(mixed, positions)
     assert torch.isfinite(logits[0]).all() and torch.isnan(logits[1]).all()
 
 
 def test_select_decode_graph_rejects_unknown_keys(serving) -> None:
     with pytest.raises(ValueError, match="unknown decode graph key"):
         serving.select_decode_graph("all_gen")
-    assert serving.decode_graph_keys == (ar_runner.UND_ONLY, ar_runner.BLEND)
+    assert serving.decode_graph_keys == (ar_runner.UND_ONLY, ar_runner.GEN_ONLY, ar_runner.BLEND)
 
 
 # ---- raw input tokens on the multimodal path --------------------------------------------------

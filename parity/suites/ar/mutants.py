@@ -135,6 +135,64 @@ def _always_blend() -> None:
 
 
 @mutant(
+    "mixed-batch-on-gen-only-graph",
+    defect=(
+        "the runner keys a decode batch gen-only as soon as one request is generating an image ('any' for 'all'): "
+        "a mixed batch replays the gen-only graph and its text tokens get the gen expert (vllm-project/vllm-omni#9865's "
+        "all-gen graph, keyed wrong)"
+    ),
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "keyed_decode and cpu_graph"),
+    cuda=(EXPERT_SELECTION, "-k", "keyed_decode and cuda_graph"),
+)
+def _mixed_batch_on_gen_only() -> None:
+    from serving_models.ar import runner as ar_runner
+
+    def decode_graph_key(generating):
+        return ar_runner.GEN_ONLY if any(flag is True for flag in generating) else ar_runner.UND_ONLY
+
+    ar_runner.decode_graph_key = decode_graph_key
+
+
+@mutant(
+    "image-batch-on-und-only-graph",
+    defect=(
+        "the runner asks only whether a decode batch is mixed and keys every single-kind batch und-only: a batch of "
+        "image requests replays the und-only graph and its gen tokens get the und expert"
+    ),
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "keyed_decode and cpu_graph"),
+    cuda=(EXPERT_SELECTION, "-k", "keyed_decode and cuda_graph"),
+)
+def _image_batch_on_und_only() -> None:
+    from serving_models.ar import runner as ar_runner
+
+    def decode_graph_key(generating):
+        flags = {None if flag is None else bool(flag) for flag in generating}
+        return ar_runner.UND_ONLY if len(flags) <= 1 and None not in flags else ar_runner.BLEND
+
+    ar_runner.decode_graph_key = decode_graph_key
+
+
+@mutant(
+    "image-decode-replays-blend",
+    defect=(
+        "the runner keeps two decode graphs and keys every batch with an image request blend: tokens stay right, "
+        "but a batch of image requests pays both experts (the blend tax the gen-only graph removes)"
+    ),
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "keyed_decode and cpu_graph"),
+    cuda=(EXPERT_SELECTION, "-k", "keyed_decode and cuda_graph"),
+)
+def _image_decode_blend() -> None:
+    from serving_models.ar import runner as ar_runner
+
+    ar_runner.decode_graph_key = lambda generating: (
+        ar_runner.UND_ONLY if all(flag is False for flag in generating) else ar_runner.BLEND
+    )
+
+
+@mutant(
     "capture-without-mask-fails-open",
     defect="capturing without a mask silently runs the und expert for every token instead of raising (vllm-project/vllm-omni#9764)",
     suite="fail_closed_capture",

@@ -179,9 +179,10 @@ def test_keyed_decode_graphs_route_as_reference(mode: str, ar_models, report) ->
     step prepared once per key it declares and batch size (graph modes capture each on all-zero
     ids, as an engine does), every prompt fed one token per step, each step on the graph the target
     picks from the host's per-row state (here the case's tokens, host data). Every token must be
-    routed as the reference routes it (a mixed batch replayed on the und-only graph sends its gen
-    tokens to the und expert), and a step without gen tokens must not run the gen expert (text-only
-    decode pays no blend). Rows per prompt (`keyed-decode-<prompt>`)."""
+    routed as the reference routes it (a mixed batch replayed on a single-expert graph sends some
+    tokens to the wrong expert), a step without gen tokens must not run the gen expert (text-only
+    decode pays no blend) and a step of gen tokens only must not run the und expert of the MoE
+    layers (image decode pays no blend either). Rows per prompt (`keyed-decode-<prompt>`)."""
     models = ar_models
     if mode not in KEYED_MODES:
         pytest.skip(f"{mode}: keyed decode graphs are checked eager and in the modes that capture a graph")
@@ -194,6 +195,7 @@ def test_keyed_decode_graphs_route_as_reference(mode: str, ar_models, report) ->
     taps = moe_taps(target)
     for site in target.moe_sites():
         taps[f"gen.{site.layer}"] = site.gen
+        taps[f"und.{site.layer}"] = site.und
     by_batch: dict[int, list[Prompt]] = {}
     for prompt in PROMPTS:
         by_batch.setdefault(len(prompt.rows), []).append(prompt)
@@ -214,14 +216,17 @@ def _keyed_decode_prompt(report, models, mode: str, graphs: DecodeGraphs, prompt
     batch, length = ids.shape
     before = dict(graphs.replays)
     per_step: list[list[ExpertUse]] = []
-    gen_calls_without_gen, und_steps = 0, 0
+    single_kind_steps = {"und": 0, "gen": 0}  # steps whose batch holds text tokens only / gen tokens only
+    other_expert_calls = {"und": 0, "gen": 0}  # calls of the expert such a step must not run
     for pos in range(length):
         generating = (host_ids[:, pos] >= models.start).tolist()
         result = graphs.run(ids[:, pos : pos + 1], torch.full((batch,), pos, device=models.device), generating)
         per_step.append(observe_expert_use(target, result.taps, TOL["expert_observation"]))
-        if not any(generating):
-            und_steps += 1
-            gen_calls_without_gen += sum(len(result.taps[f"gen.{site.layer}"]) for site in target.moe_sites())
+        kind = "gen" if all(generating) else "und" if not any(generating) else None
+        if kind is not None:
+            other = "und" if kind == "gen" else "gen"
+            single_kind_steps[kind] += 1
+            other_expert_calls[kind] += sum(len(result.taps[f"{other}.{site.layer}"]) for site in target.moe_sites())
     replays = {str(key): count - before[key] for key, count in graphs.replays.items()}
     for uses in zip(*per_step, strict=True):  # one MoE layer, every step: [B, 1] per step -> [B, L]
         fields = ("used_gen", "matched", "distance_und", "distance_gen")
@@ -231,18 +236,23 @@ def _keyed_decode_prompt(report, models, mode: str, graphs: DecodeGraphs, prompt
         detail = detail or f"{ids.numel()} tokens routed as the reference routes them"
         verdict = count_rule(len(bad), 0, metric="mismatched_tokens", at=AT_MOST, detail=f"{detail}; replays per key {replays}")
         report.verdict(verdict, case=case, mode=mode, site=f"layer.{use.layer}")
-    report.verdict(
-        count_rule(
-            gen_calls_without_gen,
-            0,
-            metric="gen_expert_calls_without_gen_tokens",
-            at=EXACTLY,  # none at all (a count: the same verdict as at most 0)
-            detail=f"gen expert calls over the {und_steps} step(s) whose batch held no gen token (they must replay a "
-            f"single-expert graph, not the blend); replays per key {replays}",
-        ),
-        case=case,
-        mode=mode,
-    )
+    for kind, metric, held in (
+        ("und", "gen_expert_calls_without_gen_tokens", "no gen token"),
+        ("gen", "und_expert_calls_without_text_tokens", "gen tokens only"),
+    ):
+        other = "und" if kind == "gen" else "gen"
+        report.verdict(
+            count_rule(
+                other_expert_calls[kind],
+                0,
+                metric=metric,
+                at=EXACTLY,  # none at all (a count: the same verdict as at most 0)
+                detail=f"{other} expert calls in the MoE layers over the {single_kind_steps[kind]} step(s) whose batch "
+                f"held {held} (they must replay a single-expert graph, not the blend); replays per key {replays}",
+            ),
+            case=case,
+            mode=mode,
+        )
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))

@@ -1,12 +1,13 @@
 """benchmark: what graph safety costs and what graphs and compile buy, as ratios measured in one run.
 
-1. AR decode step, batch 1 and 8, context 1024 (64 on the CPU smoke lane), und-only traffic:
-   eager single-expert dispatch, a graph of the single-expert model (moe_type none, same
-   weights), and the two mask-keyed graphs of the MoE model (docs/model.md §4): the und-only graph
-   (what text-only batches replay; it should cost what the single-expert graph costs) and the
-   blended graph that runs both experts on every token (the blend tax: vllm-project/vllm-omni#9764
-   measured +25% end to end on an H200). On CUDA the keyed graphs are also measured compiled
-   (Inductor, then captured) at batch 1.
+1. AR decode step, batch 1 and 8, context 1024 (64 on the CPU smoke lane): eager single-expert
+   dispatch, a graph of the single-expert model (moe_type none, same weights), and the three
+   mask-keyed graphs of the MoE model (docs/model.md §4): the und-only graph (what text-only
+   batches replay), the gen-only graph (what a batch of image requests replays, fed gen tokens);
+   each should cost what the single-expert graph costs; and the blended graph that runs both
+   experts on every token (what a mixed batch needs; the blend tax: vllm-project/vllm-omni#9764
+   measured +25% end to end on an H200), set against the ratio of the bytes it reads. On CUDA the
+   keyed graphs are also measured compiled (Inductor, then captured) at batch 1.
 2. The decode step against the HBM floor: weight and KV-cache bytes read per step over the copy
    bandwidth measured in the same run; and where the rest goes: a torch.profiler breakdown of each
    graph's step by kernel (launches, GEMM / attention / other time), written as tables into the
@@ -210,6 +211,10 @@ def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benc
         case = f"decode-b{batch}-ctx{plan.context}"
         prompt = torch.randint(0, config.gen_vocab_start_index, (batch, plan.context), generator=generator).to(device)
         ids = torch.randint(0, config.gen_vocab_start_index, (batch, 1), generator=generator).to(device)  # und-only
+        # a batch of image requests: gen ids, fed to the gen-only graph (the others are fed text ids)
+        gen_ids = torch.randint(
+            config.gen_vocab_start_index, config.gen_vocab_start_index + config.gen_vocab_size, (batch, 1), generator=generator
+        ).to(device)
         positions = torch.full((batch,), plan.context, dtype=torch.long, device=device)
         generating = [False] * batch  # the host's request state: text requests only
         steps: dict[str, Callable[[], object]] = {"eager_single": lambda i=ids, p=positions: single.decode_step(i, p)}
@@ -224,7 +229,8 @@ def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benc
                         continue  # the single-expert baseline is the plain graph
                     for key, run in _graph_steps(adapter, mode, device, ids, positions, label, keyed=label == "moe").items():
                         runs.append(run)
-                        steps[f"{prefix}_{'single' if label == 'single' else key}"] = lambda r=run, i=ids, p=positions: r(i, p)
+                        fed = gen_ids if key == "gen_only" else ids
+                        steps[f"{prefix}_{'single' if label == 'single' else key}"] = lambda r=run, i=fed, p=positions: r(i, p)
             if (
                 device.type == "cuda"
                 and hasattr(blended, "unfused_kernels")
@@ -255,7 +261,8 @@ def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benc
                 case=case,
                 metric=f"{label}_ms",
                 value=ms,
-                detail=f"median of {plan.iterations} rounds timing every variant once each, und-only batch",
+                detail=f"median of {plan.iterations} rounds timing every variant once each, "
+                + ("a batch of gen tokens" if "gen_only" in label else "und-only batch"),
             )
         _decode_ratios(report, case, config, blended, batch, plan, bandwidth, timings)
 
@@ -268,6 +275,11 @@ def _decode_ratios(report, case: str, config, blended, batch: int, plan: Plan, b
             "graph_single",
             "graph und-only (the keyed graph a text batch replays) / graph of the single-expert model",
         ),
+        "gen_only_vs_single": (
+            "graph_gen_only",
+            "graph_single",
+            "graph gen-only (the keyed graph a batch of image requests replays) / graph of the single-expert model",
+        ),
         "blend_vs_eager_single": ("graph_blend", "eager_single", "graph blend / eager single-expert dispatch"),
         "graph_speedup": ("eager_single", "graph_single", "eager / graph replay, same single-expert step"),
         "fused_kernels_speedup": (
@@ -276,6 +288,7 @@ def _decode_ratios(report, case: str, config, blended, batch: int, plan: Plan, b
             "und-only graph with the torch ops / with the fused decode kernels (serving_models/ar/kernels.py)",
         ),
         "compile_speedup_und_only": ("graph_und_only", "compiled_graph_und_only", "graph / compiled graph, und-only key"),
+        "compile_speedup_gen_only": ("graph_gen_only", "compiled_graph_gen_only", "graph / compiled graph, gen-only key"),
         "compile_speedup_blend": ("graph_blend", "compiled_graph_blend", "graph / compiled graph, blend key"),
     }
     for metric, (num, den, detail) in ratios.items():
@@ -286,6 +299,17 @@ def _decode_ratios(report, case: str, config, blended, batch: int, plan: Plan, b
             )
     element = next(blended.module.parameters()).element_size()
     kv = _kv_bytes(config, batch, plan.context, element)
+    if "graph_blend" in timings and "graph_single" in timings:
+        # a mixed batch must read both experts: its fair cost is the blend's bytes over the single step's
+        bytes_ratio = (_weight_bytes(blended, batch, True) + kv) / (_weight_bytes(blended, batch, False) + kv)
+        report.record(
+            case=case,
+            metric="blend_tax_vs_bytes",
+            value=timings["graph_blend"] / timings["graph_single"] / bytes_ratio,
+            better="lower",
+            detail=f"blend_tax / the ratio of bytes the blend and the single-expert step read ({bytes_ratio:.3f}); "
+            "at most 1: the blend costs no more than the weights it must read",
+        )
     for name, ms in timings.items():
         if name == "eager_single":
             continue
