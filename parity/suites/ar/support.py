@@ -18,8 +18,10 @@ import torch
 
 from parity.cases import Count, NonNegative, Range, Steps, Table, load_case_file
 from parity.compare import NOT_APPLICABLE, Tolerance, Verdict, dtype_spacing, golden_noise_rule
+from parity.suites.device_memory import require_device_memory
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.ar.config import ar_config, token_layout
+from reference_models.ar.model import MammothModa2ForCausalLM
 from reference_models.checkpoints import make_checkpoint, random_state_dict
 
 Token = int | str
@@ -249,6 +251,9 @@ def build_ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPat
         golden = ReferenceARAdapter.load(checkpoint, device, torch.float64)
     else:  # full size: weights drawn on the device, never written to disk
         checkpoint = None
+        with torch.device("meta"):
+            parameters = sum(p.numel() for p in MammothModa2ForCausalLM(config).parameters())
+        require_device_memory("full-size AR target, reference and golden", parameters, (dtype, dtype, torch.float64), device)
         state = random_state_dict(config, seed, device, dtype)
         model = target.build_ar(config, state, device, dtype)
         reference = ReferenceARAdapter.build(config, state, device, dtype)

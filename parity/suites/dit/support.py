@@ -32,10 +32,11 @@ from parity.compare.images import psnr
 from parity.contract import requirement
 from parity.observe.compile_ledger import CompileLedger, short_reason  # noqa: F401 - re-exported for the DiT suites
 from parity.observe.regional import compile_repeated_blocks
+from parity.suites.device_memory import require_device_memory
 from parity.target import family_gap
 from reference_models.checkpoints import make_checkpoint
 from reference_models.dit.adapter import ReferenceDiT
-from reference_models.dit.checkpoint import random_state_dict
+from reference_models.dit.checkpoint import expected_shapes, random_state_dict
 from reference_models.dit.config import DiTConfig, config_for_size
 from reference_models.dit.sampler import text_condition
 
@@ -302,6 +303,8 @@ def build_dit_models(target: Any, settings: Any, tmp_path_factory: pytest.TempPa
         config, source = reference.config, f"make_checkpoint('dit', 'tiny', {seed}) at {directory}"
     else:
         config = config_for_size(settings.size)
+        parameters = sum(shape.numel() for shape in expected_shapes(config).values())
+        require_device_memory("full-size DiT target, reference and golden", parameters, (dtype, dtype, torch.float64), device)
         state = random_state_dict(config, seed, device, dtype)
         adapter = target.build_dit(config, state, device, dtype)
         reference = ReferenceDiT.build(config, state, device, dtype)
