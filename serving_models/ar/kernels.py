@@ -112,10 +112,19 @@ def rope_and_cache_write_torch(
     qk = rotate_half_torch(qk, cos, sin_signed)
     v = qkv[..., (heads + kv_heads) * dim :].view(bsz, q_len, kv_heads, dim)
     k = qk[:, :, heads:].transpose(1, 2)
-    index = positions[:, None, :, None].expand(-1, kv_heads, -1, dim)
-    key_cache.scatter_(2, index, k)
-    value_cache.scatter_(2, index, v.transpose(1, 2))
+    write_cache_torch(key_cache, positions, k)
+    write_cache_torch(value_cache, positions, v.transpose(1, 2))
     return qk[:, :, :heads]
+
+
+def write_cache_torch(cache: torch.Tensor, positions: torch.Tensor, x: torch.Tensor) -> None:
+    """Write `x` `[B, KV, L, D]` into `cache` `[B, KV, max_len, D]` at `positions` `[B, L]`, in place.
+
+    An indexed assignment (`index_put_`), not `scatter_`: Inductor keeps an `index_put_` into a
+    graph input in place, while it turns a `scatter_` into a copy of the whole cache, the write,
+    attention over the copy and a copy back at the graph's end (docs/model.md §4)."""
+    rows = torch.arange(cache.shape[0], device=cache.device)[:, None]
+    cache[rows, :, positions] = x.transpose(1, 2)
 
 
 def silu_and_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:

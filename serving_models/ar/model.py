@@ -6,7 +6,7 @@ Same math as upstream, shaped for graph capture and compilation:
   to the checkpoint's tensors.
 - On CUDA the decode step's small stages are fused kernels (`kernels.py`): RMSNorm with its
   weight, RoPE with the KV-cache write, SiLU with the up product; the torch ops elsewhere.
-- A static KV cache updated in place (`scatter_` into preallocated buffers) and attention over
+- A static KV cache updated in place (indexed writes into preallocated per-layer buffers) and attention over
   the full static length with a position mask, so a decode step has no data-dependent shapes.
 - A dual embedding lookup with clamped indices on both tables, merged with `torch.where`.
 - MoE dispatch that asks the target-owned capture probe: outside capture the eager fast paths
@@ -151,10 +151,13 @@ class MergedColumnLinear(nn.Linear):
 
 @dataclass
 class StaticKVCache:
-    """Preallocated keys/values `[layers, batch, kv_heads, max_len, head_dim]`, written in place."""
+    """Preallocated keys/values, one `[batch, kv_heads, max_len, head_dim]` tensor per layer,
+    written in place. One tensor per layer rather than views of one stacked buffer: Inductor
+    writes into a whole graph input in place but functionalises a write into a view of one into
+    copies of the whole buffer (docs/model.md §4)."""
 
-    key: torch.Tensor
-    value: torch.Tensor
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
 
     @classmethod
     def allocate(
@@ -168,25 +171,29 @@ class StaticKVCache:
     ) -> StaticKVCache:
         """`kv_heads`: the heads this process holds (a tensor-parallel rank's share), default all."""
         heads = config.num_key_value_heads if kv_heads is None else kv_heads
-        shape = (config.num_hidden_layers, batch, heads, max_len, config.head_dim)
-        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+        shape = (batch, heads, max_len, config.head_dim)
+        layers = range(config.num_hidden_layers)
+        zeros = lambda: tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in layers)
+        return cls(zeros(), zeros())
 
     @property
     def batch(self) -> int:
-        return self.key.shape[1]
+        return self.keys[0].shape[0]
 
     @property
     def max_len(self) -> int:
-        return self.key.shape[3]
+        return self.keys[0].shape[2]
+
+    def clone(self) -> StaticKVCache:
+        return StaticKVCache(tuple(t.clone() for t in self.keys), tuple(t.clone() for t in self.values))
 
     def update(
         self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k/v `[B, KV, L, D]` at `positions` `[B, L]` (each < max_len); return the full buffers."""
-        index = positions[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-        keys, values = self.key[layer_idx], self.value[layer_idx]
-        keys.scatter_(2, index, k)
-        values.scatter_(2, index, v)
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        kernels.write_cache_torch(keys, positions, k)
+        kernels.write_cache_torch(values, positions, v)
         return keys, values
 
 
@@ -277,7 +284,7 @@ class MammothModa2Attention(nn.Module):
         cache = attn.kv_cache
         assert cache is not None
         if self.q_norm is None:
-            keys, values = cache.key[self.layer_idx], cache.value[self.layer_idx]
+            keys, values = cache.keys[self.layer_idx], cache.values[self.layer_idx]
             q = self.rope_cache_write(qkv, attn, keys, values, self.num_heads)
             return q.transpose(1, 2), keys, values
         q, k, v = self.rotate(qkv, attn)

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from parity.suites.device_memory import require_device_memory
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.ar.config import ar_config
+from reference_models.ar.model import MammothModa2ForCausalLM
 from reference_models.checkpoints import random_state_dict
 from serving_models.ar.adapter import ServingARAdapter
 from tests.support.ar_support import GEN_LAST, SEED, START
@@ -81,6 +83,7 @@ def test_cuda_capture_without_mask_fails_closed() -> None:
         """
         import torch
         from reference_models.ar.config import ar_config
+from reference_models.ar.model import MammothModa2ForCausalLM
         from reference_models.checkpoints import random_state_dict
         from serving_models.ar.adapter import ServingARAdapter
         config = ar_config("tiny")
@@ -104,6 +107,9 @@ def test_cuda_capture_without_mask_fails_closed() -> None:
 def test_full_size_bf16_against_fp64_golden() -> None:
     """Preview widths (10.7e9 parameters): bf16 serving vs bf16 reference, both against an fp64 golden."""
     config = ar_config("full")
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in MammothModa2ForCausalLM(config).parameters())
+    require_device_memory("full-size fp64 golden", parameters, (torch.float64,), torch.device("cuda"))
     ids = torch.tensor([[151644, 872, 198, 152064, 152065, 152071, 152100, 184863, 3, 152064]], device="cuda")
     with torch.no_grad():
         golden = ReferenceARAdapter.build(config, random_state_dict(config, SEED, "cuda", torch.float64), "cuda", torch.float64)
@@ -125,10 +131,8 @@ def test_full_size_bf16_against_fp64_golden() -> None:
     # chosen expert on the same single row, so the same kernels on the same shapes)
     step = cuda_graph_step(serving, batch=1, max_len=16)
     eager = ServingARAdapter(serving.module)
-    eager.decode_state = type(serving.decode_state)(serving.decode_state.key.clone(), serving.decode_state.value.clone())
     serving.prefill(ids)
-    eager.decode_state.key.copy_(serving.decode_state.key)
-    eager.decode_state.value.copy_(serving.decode_state.value)
+    eager.decode_state = serving.decode_state.clone()
     for i, token in enumerate([152064, 500, 152200]):
         t = torch.tensor([[token]], device="cuda")
         pos = torch.full((1,), ids.shape[1] + i, device="cuda")

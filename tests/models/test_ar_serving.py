@@ -3,6 +3,8 @@ fail-closed capture, a capturable decode step, raw input tokens, pipeline tensor
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -190,7 +192,8 @@ def test_decode_step_captured_on_zeros_replays_gen_tokens(tiny_dir, reference) -
     graph = trace_decode_step(adapter, batch=2, max_len=12)
     ops = {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
     assert not [op for op in ops if op.startswith(HOST_READS)], ops
-    cache = adapter.decode_state.key.data_ptr()
+    state = adapter.decode_state
+    cache = [t.data_ptr() for t in state.keys + state.values]
 
     prompt = torch.tensor([[5, 9, 262, 300], [7, 8, 9, 10]])
     adapter.prefill(prompt)
@@ -210,7 +213,7 @@ def test_decode_step_captured_on_zeros_replays_gen_tokens(tiny_dir, reference) -
         for row in range(2):
             if ids[row, 0] >= START:
                 assert (logits[row] - und_only[row]).abs().max() > 1e-3
-    assert adapter.decode_state.key.data_ptr() == cache  # the static cache was updated in place
+    assert [t.data_ptr() for t in state.keys + state.values] == cache  # the static cache was updated in place
 
 
 def test_host_branch_dispatch_under_capture_is_caught(tiny_dir, monkeypatch) -> None:
@@ -381,3 +384,38 @@ def test_qwen3_variant_shares_forward_and_embedding() -> None:
     adapter.allocate_decode_state(2, 7)
     adapter.prefill(ids[:, :6])
     torch.testing.assert_close(adapter.decode_step(ids[:, 6:], torch.full((2,), 6)), adapter.forward(ids).logits[:, -1])
+
+
+# ---- the KV cache under Inductor ----------------------------------------------------------
+
+
+def test_compiled_cache_writes_stay_in_place() -> None:
+    """Inductor writes an indexed assignment into a whole per-layer cache tensor in place; a
+    `scatter_`, or any write into a view of one stacked buffer, becomes a copy of the cache, the
+    write, attention over the copy and a copy back (docs/model.md §4). Both writers of the serving
+    model (the Qwen2 RoPE + cache write, the Qwen3 `update`), two layers, then a read: the compiled
+    code allocates no buffer of a layer cache's shape, and the caches hold the writes."""
+    from torch._inductor.utils import run_and_get_code
+
+    from serving_models.ar import kernels
+
+    config = dataclasses.replace(TINY, num_hidden_layers=2)
+    batch, max_len, heads, kv_heads, dim = 2, 16, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    cache = srv.StaticKVCache.allocate(config, batch, max_len, torch.device("cpu"), torch.float32)
+    qkv = torch.randn(batch, 1, (heads + 2 * kv_heads) * dim)
+    ones, zeros = torch.ones(batch, 1, 1, dim), torch.zeros(batch, 1, 1, dim)
+    positions = torch.tensor([[3], [7]])
+    k, v = torch.randn(batch, kv_heads, 1, dim), torch.randn(batch, kv_heads, 1, dim)
+
+    def step(qkv, k, v, positions):
+        kernels.rope_and_cache_write_torch(qkv, ones, zeros, positions, cache.keys[0], cache.values[0], heads)
+        keys, values = cache.update(1, k, v, positions)
+        return cache.keys[0].sum() + cache.values[0].sum() + keys.sum() + values.sum()
+
+    _, code = run_and_get_code(torch.compile(step, fullgraph=True, dynamic=False), qkv, k, v, positions)
+    shape = f"({batch}, {kv_heads}, {max_len}, {dim})"
+    copies = [line.strip() for text in code for line in text.splitlines() if "empty_strided" in line and shape in line]
+    assert not copies, f"the compiled step copies a layer's KV cache: {copies}"
+    for row, position in enumerate(positions[:, 0].tolist()):
+        assert torch.equal(cache.keys[1][row, :, position], k[row, :, 0])
+        assert torch.equal(cache.values[0][row, :, position], qkv[row, 0, (heads + kv_heads) * dim :].view(kv_heads, dim))
