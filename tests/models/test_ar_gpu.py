@@ -83,7 +83,6 @@ def test_cuda_capture_without_mask_fails_closed() -> None:
         """
         import torch
         from reference_models.ar.config import ar_config
-from reference_models.ar.model import MammothModa2ForCausalLM
         from reference_models.checkpoints import random_state_dict
         from serving_models.ar.adapter import ServingARAdapter
         config = ar_config("tiny")
