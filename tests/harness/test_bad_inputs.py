@@ -42,7 +42,7 @@ from parity.cli import build_parser, main
 from parity.compare import Tolerance, diff
 from parity.report import RESULTS_FILE, ReportWriter, read_run_info, write_run_info
 from tests.support.bad_input_table import Bad, Outcome, check_bad_input, cli, process, raised
-from tests.support.helpers import PROJECT_ROOT, default_sigint, run_parity, run_pytest_here, subprocess_env
+from tests.support.helpers import PROJECT_ROOT, default_signals, run_parity, run_pytest_here, subprocess_env
 
 # ---------------------------------------------------------------------------------------------
 # What a row observes
@@ -872,7 +872,7 @@ def test_ctrl_c_during_parity_run_leaves_run_json_interrupted_and_the_review_say
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=default_sigint,
+        preexec_fn=default_signals,
     )
     try:
         deadline = time.monotonic() + 240

@@ -29,7 +29,7 @@ from parity.cli import main
 from parity.plugin import resume as resume_module
 from parity.plugin.session import SignalWatch
 from parity.report import RESULTS_FILE, ReportWriter, read_results, read_run_info, write_run_info
-from tests.support.helpers import PROJECT_ROOT, default_sigint, run_pytest_here, subprocess_env
+from tests.support.helpers import PROJECT_ROOT, default_signals, run_pytest_here, subprocess_env
 from tests.support.interrupt_plugin import SignalledRun, signal_run
 
 pytestmark = pytest.mark.parity_cpu
@@ -114,7 +114,7 @@ def test_without_sighup_in_the_watch_a_closed_terminal_is_not_taken(monkeypatch:
 
 
 def _file_size_limit() -> None:
-    default_sigint()
+    default_signals()
     resource.setrlimit(resource.RLIMIT_FSIZE, (4000, 4000))  # run.json fits, results.csv does not
 
 

@@ -34,12 +34,14 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def default_sigint() -> None:
-    """`preexec_fn` for a child that must take Ctrl-C as a foreground command does. A shell without
-    job control starts a background job (`cmd &` in a script) with SIGINT ignored (POSIX), children
-    inherit that, and Python then installs no KeyboardInterrupt handler: a test run that way would
-    see its own SIGINT do nothing."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def default_signals() -> None:
+    """`preexec_fn` for a child that must take Ctrl-C, SIGTERM and a closed terminal (SIGHUP) as a
+    foreground command does. A shell without job control starts a background job (`cmd &` in a
+    script) with SIGINT ignored (POSIX), `nohup` starts its command with SIGHUP ignored, children
+    inherit both, and parity's signal watch takes over only default handlers: a test run that way
+    would see the signal it sends do nothing."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def run(args: list[str], *, cwd: Path = PROJECT_ROOT, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
@@ -50,7 +52,7 @@ def run(args: list[str], *, cwd: Path = PROJECT_ROOT, timeout: float = 300, **en
         capture_output=True,
         text=True,
         timeout=timeout,
-        preexec_fn=default_sigint,
+        preexec_fn=default_signals,
     )
 
 

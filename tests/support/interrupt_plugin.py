@@ -106,7 +106,7 @@ def signal_run(tmp_path: Path, *names: str, pause_after: int = 5, broken: str = 
     """`parity run --suite selfcheck` with this plugin, sent the signals `names` (SIGTERM, ...): the
     first while it pauses after `pause_after` tests, each further one while its session finishes
     (a second Ctrl-C while the run's end is recorded). `broken`: PARITY_TEST_BREAK."""
-    from tests.support.helpers import PROJECT_ROOT, default_sigint, subprocess_env
+    from tests.support.helpers import PROJECT_ROOT, default_signals, subprocess_env
 
     pause = tmp_path / "pause"
     pause.mkdir()
@@ -122,7 +122,7 @@ def signal_run(tmp_path: Path, *names: str, pause_after: int = 5, broken: str = 
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        preexec_fn=default_sigint,
+        preexec_fn=default_signals,
     )
     try:
         _wait(pause / "paused", child, 120)

@@ -37,7 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 from parity.report import CONTEXT_COLUMNS, RESULTS_FILE, ReportWriter
-from tests.support.helpers import PROJECT_ROOT, default_sigint, subprocess_env
+from tests.support.helpers import PROJECT_ROOT, default_signals, subprocess_env
 
 # The report suites of a CPU-lane run (`parity run` with no --suite); `SUITES_BUT_SENSITIVITY` is the
 # smallest run a review of every suite against the committed baseline needs.
@@ -170,7 +170,7 @@ class SharedRuns:
                 env=subprocess_env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=default_sigint,
+                preexec_fn=default_signals,
             )
 
         def finish() -> None:
