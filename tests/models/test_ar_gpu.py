@@ -18,6 +18,7 @@ import torch
 
 from parity.suites.ar import golden as ar_golden
 from parity.suites.ar.support import full_size_need
+from parity.suites.conftest import RESIDENT
 from parity.suites.device_memory import DeviceMemoryError, require_device_bytes
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.ar.config import ar_config
@@ -109,6 +110,7 @@ def test_full_size_bf16_against_fp64_golden() -> None:
     fp64 golden (docs/lanes.md §4), which never holds more than one unit's fp64 weights: an 80 GB
     card runs it (the whole fp64 golden alone would need 79.7 GiB)."""
     config = ar_config("full")
+    RESIDENT.release()  # in a lane session the suites' last full-size family (the DiT) leaves the card first
     try:
         require_device_bytes("full-size AR", full_size_need(config, torch.bfloat16), torch.device("cuda"))
     except DeviceMemoryError as err:
