@@ -59,6 +59,14 @@ def test_streamed_golden_of_a_checkpoint_equals_the_whole_golden_bit_for_bit(che
     assert no_weight_resident(streamed) and streamed.streamed.peak_units == 1
 
 
+def test_streamed_golden_of_a_release_directory_equals_the_whole_golden(tmp_path: Path) -> None:
+    """`--checkpoint-layout release`: the nested config and prefixed names are read as the whole
+    model's `from_pretrained` reads them, so the units get the same tensors."""
+    directory = make_checkpoint("ar", "tiny", SEED, tmp_path / "release", layout="release")
+    whole = ReferenceARAdapter.load(directory, "cpu", torch.float64)
+    assert_same_forward(whole, ar_golden.from_checkpoint(directory, "cpu"), mixed_ids())
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=["fp64-golden", "bf16-reference"])
 def test_streamed_draws_equal_the_whole_random_state_dict_bit_for_bit(dtype: torch.dtype) -> None:
     """The full-size path at tiny size: each unit drawn per forward from the per-name generators
