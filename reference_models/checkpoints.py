@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,27 @@ def init_kinds(model: nn.Module, norm_types: tuple[type[nn.Module], ...]) -> dic
     return kinds
 
 
+class SeededARWeights:
+    """The tensors of `random_state_dict(config, seed, device, dtype)`, drawn on request by name.
+
+    Each tensor draws from its own generator seeded by (seed, name), so drawing a few names (one
+    decoder layer of a streamed model, docs/lanes.md §4) gives exactly the tensors the whole state
+    dict holds under those names; `random_state_dict` is this object called with every name."""
+
+    def __init__(self, config: MammothModa2ARConfig, seed: int, device: torch.device | str, dtype: torch.dtype) -> None:
+        with torch.device("meta"):
+            skeleton = MammothModa2ForCausalLM(config)
+        self.kinds = init_kinds(skeleton, (Qwen2RMSNorm,))
+        self.seed, self.device, self.dtype = seed, device, dtype
+
+    def __call__(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        names = list(names)
+        unknown = [name for name in names if name not in self.kinds]
+        if unknown:
+            raise KeyError(f"not a tensor of this AR configuration: {unknown[:5]}")
+        return {name: init_tensor(name, *self.kinds[name], self.seed, self.device, self.dtype) for name in names}
+
+
 def random_state_dict(
     config: MammothModa2ARConfig,
     seed: int,
@@ -87,12 +108,8 @@ def random_state_dict(
 
     Reproducible bit for bit for one (seed, device type); CPU and CUDA generators differ.
     """
-    with torch.device("meta"):
-        skeleton = MammothModa2ForCausalLM(config)
-    return {
-        name: init_tensor(name, shape, kind, seed, device, dtype)
-        for name, (shape, kind) in init_kinds(skeleton, (Qwen2RMSNorm,)).items()
-    }
+    draws = SeededARWeights(config, seed, device, dtype)
+    return draws(draws.kinds)
 
 
 def make_ar_checkpoint(

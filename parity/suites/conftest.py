@@ -7,10 +7,11 @@ compiled_cuda_graph on CUDA). Model fixtures live in the family support modules
 fixtures are registered here, once (a fixture imported into each test module would be a separate
 fixture per module, built once per module).
 
-At full size one H200 holds one family at a time (the AR pair with its fp64 golden is about
-126 GB, the DiT trio about 25 GB), so the models live in `RESIDENT`, which keeps every family at
-tiny size and only the family in use at full size; tests are ordered so each family's tests run
-together (one build per family and session).
+At full size the device holds one family at a time (the AR pair with its streamed fp64 golden is
+about 46 GiB, the DiT trio about 25 GB), so the models live in `RESIDENT`, which keeps every family
+at tiny size and only the family in use at full size; tests are ordered so each family's tests run
+together (one build per family and session). A family the card cannot hold skips its tests with
+the need and the card (`parity/suites/device_memory.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from parity.plugin.short_names import device, report, run_dir, settings, target 
 from parity.report import NOT_PROVIDED
 from parity.runners import modes_for
 from parity.suites.ar.support import ARModels, build_ar_models
+from parity.suites.device_memory import DeviceMemoryError
 from parity.suites.dit.support import DiTModels, build_dit_models, require_dit
 from parity.target import FAMILIES, TargetError, family_gap, not_selected, suite_plan
 
@@ -148,16 +150,25 @@ def require_graph_support(adapter: object, mode: str) -> None:
 
 
 class ResidentModels:
-    """Built model families, each built once; at full size only one family stays resident."""
+    """Built model families, each built once; at full size only one family stays resident. A family
+    the device cannot hold is refused once (`DeviceMemoryError`, raised again for each later test
+    without building anything)."""
 
     def __init__(self) -> None:
         self.families: dict[str, Any] = {}
+        self.refused: dict[str, DeviceMemoryError] = {}
 
     def get(self, family: str, build: Callable[[], Any], *, exclusive: bool) -> Any:
+        if family in self.refused:
+            raise self.refused[family]
         if family not in self.families:
             if exclusive:
                 self.release()
-            self.families[family] = build()
+            try:
+                self.families[family] = build()
+            except DeviceMemoryError as err:
+                self.refused[family] = err
+                raise
         return self.families[family]
 
     def release(self) -> None:
@@ -195,19 +206,38 @@ def _sensitivity_sessions_early(request: pytest.FixtureRequest, parity_settings:
         yield
 
 
+def resident_or_skip(request: pytest.FixtureRequest, family: str, build: Callable[[], Any], *, exclusive: bool) -> Any:
+    """`RESIDENT.get`, or, when the device cannot hold the family (`DeviceMemoryError`), a skip
+    with the need and the card, and a `family_not_provided` row for the test, so the run's summary
+    says under its table which family did not run and why (`parity.report.rows.not_provided_lines`)."""
+    try:
+        return RESIDENT.get(family, build, exclusive=exclusive)
+    except DeviceMemoryError as err:
+        writer = request.config.stash.get(WRITER, None)
+        suite = suite_of(request.node)
+        if writer is not None and suite is not None:
+            row = {"suite": suite, "case": family, "metric": NOT_PROVIDED, "value": 1, "verdict": SKIP, "detail": str(err)}
+            writer.write({**row, "kind": "info", "better": "", "test": request.node.nodeid})
+        pytest.skip(str(err))
+
+
 @pytest.fixture
-def ar_models(parity_settings: Any, parity_target: Any, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
+def ar_models(
+    request: pytest.FixtureRequest, parity_settings: Any, parity_target: Any, tmp_path_factory: pytest.TempPathFactory
+) -> ARModels:
     """The AR target, reference and golden (built once per session while resident)."""
     reason = family_gap(parity_target, "ar")
     if reason:
         pytest.skip(reason)
     build = lambda: build_ar_models(parity_settings, parity_target, tmp_path_factory)
-    return RESIDENT.get("ar", build, exclusive=parity_settings.size == "full")
+    return resident_or_skip(request, "ar", build, exclusive=parity_settings.size == "full")
 
 
 @pytest.fixture
-def dit_models(parity_settings: Any, parity_target: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
+def dit_models(
+    request: pytest.FixtureRequest, parity_settings: Any, parity_target: Any, tmp_path_factory: pytest.TempPathFactory
+) -> DiTModels:
     """The DiT target, reference and golden (built once per session while resident)."""
     require_dit(parity_target)
     build = lambda: build_dit_models(parity_target, parity_settings, tmp_path_factory)
-    return RESIDENT.get("dit", build, exclusive=parity_settings.size == "full")
+    return resident_or_skip(request, "dit", build, exclusive=parity_settings.size == "full")

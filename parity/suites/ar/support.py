@@ -18,10 +18,10 @@ import torch
 
 from parity.cases import Count, NonNegative, Range, Steps, Table, load_case_file
 from parity.compare import NOT_APPLICABLE, Tolerance, Verdict, dtype_spacing, golden_noise_rule
-from parity.suites.device_memory import require_device_memory
+from parity.suites.ar import golden as ar_golden
+from parity.suites.device_memory import require_device_bytes
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.ar.config import ar_config, token_layout
-from reference_models.ar.model import MammothModa2ForCausalLM
 from reference_models.checkpoints import make_checkpoint, random_state_dict
 
 Token = int | str
@@ -239,7 +239,9 @@ class ARModels:
 
 
 def build_ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
-    """The target, the reference in the same dtype and the fp64 golden, from one seed."""
+    """The target, the reference in the same dtype and the fp64 golden, from one seed. The golden
+    streams (`parity.suites.ar.golden`, docs/lanes.md §4): at tiny size from the checkpoint held on
+    the host, at full size from the seeded draws, one unit at a time on the device."""
     device, dtype = torch.device(settings.device), settings.torch_dtype
     config = ar_config(settings.size)
     seed = settings.seed
@@ -248,18 +250,29 @@ def build_ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPat
         checkpoint = make_checkpoint("ar", "tiny", seed, tmp_path_factory.mktemp("ar-checkpoint"), layout=layout)
         model = target.load_ar(checkpoint, device, dtype)
         reference = ReferenceARAdapter.load(checkpoint, device, dtype)
-        golden = ReferenceARAdapter.load(checkpoint, device, torch.float64)
+        golden = ar_golden.from_checkpoint(checkpoint, device)
     else:  # full size: weights drawn on the device, never written to disk
         checkpoint = None
-        with torch.device("meta"):
-            parameters = sum(p.numel() for p in MammothModa2ForCausalLM(config).parameters())
-        require_device_memory("full-size AR target, reference and golden", parameters, (dtype, dtype, torch.float64), device)
+        require_device_bytes("full-size AR", full_size_need(config, dtype), device)
         state = random_state_dict(config, seed, device, dtype)
         model = target.build_ar(config, state, device, dtype)
         reference = ReferenceARAdapter.build(config, state, device, dtype)
         del state
-        golden = ReferenceARAdapter.build(config, random_state_dict(config, seed, device, torch.float64), device, torch.float64)
+        golden = ar_golden.from_draws(config, seed, device)
     return ARModels(model, reference, golden, config, settings.size, device, dtype, checkpoint, seed)
+
+
+def full_size_need(config: Any, dtype: torch.dtype) -> dict[str, int]:
+    """Device bytes of the full-size AR family by part: the target and the reference whole in the
+    run's dtype (the reference shares the drawn state's tensors, so the build holds no third copy),
+    and the streamed fp64 golden's largest unit with its fp32 draw."""
+    weights = ar_golden.ar_parameters(config) * dtype.itemsize
+    name = str(dtype).removeprefix("torch.")
+    return {
+        f"target {name}": weights,
+        f"reference {name}": weights,
+        "streamed float64 golden (largest unit)": ar_golden.unit_bytes(config, torch.float64),
+    }
 
 
 COMPILED_MODES = ("compiled", "compiled_cuda_graph")

@@ -26,6 +26,8 @@ Timing is never asserted: every number is a row (suite `benchmark`, raw millisec
 ratios as rows without a bound). pytest-benchmark records the primary measurement of each test.
 On the CPU lane the same code runs on the tiny models with the CPU graph stand-in: a smoke run of
 the benchmark code, not a measurement anyone should quote. Run without xdist: `-p no:xdist`.
+Each test names the card it ran on (an info row `device_name` and pytest-benchmark's `extra_info`):
+an H100 and an H200 give other milliseconds for the same code (docs/gpu-results.md).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from parity.env import device_name
 from parity.observe.regional import compile_repeated_blocks
 from parity.runners import make_runner
 from parity.suites.benchmarks.profiling import profile_step
@@ -48,6 +51,14 @@ from reference_models.dit.checkpoint import random_state_dict as dit_random_stat
 from reference_models.dit.config import config_for_size
 
 pytestmark = [pytest.mark.parity_suite("benchmark"), pytest.mark.benchmark]
+
+
+@pytest.fixture(autouse=True)
+def _card(benchmark, settings, report) -> None:
+    """The card (or CPU) the timings come from, beside them in the rows and in pytest-benchmark's JSON."""
+    name = device_name(settings.device)
+    benchmark.extra_info["device_name"] = name
+    report.info(case="card", metric="device_name", value=None, detail=f"timed on {settings.device}: {name}")
 
 
 @dataclasses.dataclass(frozen=True)
