@@ -1,5 +1,5 @@
-"""Bad input that passed silently, unsafely or unclearly at a run's edges (issue 48's classes but
-the tensor-parallel ones): a baseline whose `family` column is wrong, `--append` onto a run of
+"""Bad input that passed silently, unsafely or unclearly at a run's edges (the tensor-parallel
+ones are in their own table): a baseline whose `family` column is wrong, `--append` onto a run of
 another torch or tree, a factory that forks or signals its parent, a router member of the wrong
 type, `sys.exit` in a target, a selection the target provides nothing of, the plugin switched off,
 a run owned on another host.
