@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from parity.observe import progress
-from parity.observe.progress import STALL_ENV, Stalled, StallWatch, TargetClock, run_watched, stall_limit
+from parity.observe.progress import STALL_ENV, Stalled, StallWatch, TargetClock, run_watched, stall_limit, wait_watched
 
 pytestmark = pytest.mark.parity_cpu
 
@@ -80,6 +80,23 @@ def test_a_slow_child_that_writes_a_heartbeat_runs_to_its_end(tmp_path: Path) ->
     """Silent on its pipes; its heartbeat file under a watched directory is its progress."""
     done = run_watched([sys.executable, "-c", slow(str(tmp_path / "beat"))], stall_s=LIMIT_S, watch=[tmp_path])
     assert done.returncode == 0 and "done" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("child", ["frozen", "slow"])
+def test_a_child_writing_to_a_log_is_judged_by_its_log(child: str, tmp_path: Path) -> None:
+    """`wait_watched`, as the test command's shared runs use it: the output goes to a file, and
+    that file (under a watched directory) is the progress."""
+    import subprocess
+
+    log = tmp_path / "child.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-c", FROZEN if child == "frozen" else slow(None)], stdout=out)
+    if child == "frozen":
+        with pytest.raises(Stalled):
+            wait_watched(process, [tmp_path], stall_s=LIMIT_S)
+        assert process.returncode is not None  # ended and reaped
+    else:
+        assert wait_watched(process, [tmp_path], stall_s=LIMIT_S) == 0 and "done" in log.read_text()
 
 
 def test_a_guard_on_total_time_would_end_the_slow_child(monkeypatch: pytest.MonkeyPatch) -> None:
