@@ -223,6 +223,14 @@ def test_bad_input(row: Bad, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert "left a copy running" not in outcomes[0].output, outcomes[0].output
 
 
+def test_an_engine_worker_process_is_no_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control of the fork row: a factory that starts its engine's worker with multiprocessing
+    (the fork start method, as engines do) conforms; only a plain `os.fork` copy is refused."""
+    monkeypatch.chdir(tmp_path)
+    outcome = cli("check-target", f"{SLIPPERY}:spawns_a_worker", "--suite", "selfcheck")
+    assert outcome.code == 0 and "forked" not in outcome.output, outcome.output
+
+
 def _family_alone(baseline: Any, current: Any) -> dict[str, Any]:
     """`not_compared` as it was: every baseline row of a family the run left out, whatever its suite."""
     from parity.report.baseline import NOT_PROVIDED, SKIP
