@@ -460,12 +460,14 @@ class CheckProcess:
         stall = stall_limit(stall)
         step, buffer, result, clock = "starting", b"", None, None
         used, last_progress = _tree_cpu(self.pid), time.monotonic()
+        looked = last_progress
         try:
             while result is None:
                 if clock is None:
-                    now_used = _tree_cpu(self.pid)
-                    if now_used is not None and used is not None and now_used > used:
-                        used, last_progress = now_used, time.monotonic()
+                    if time.monotonic() - looked >= POLL_S:  # /proc is walked for the tree: not at every turn
+                        looked, now_used = time.monotonic(), _tree_cpu(self.pid)
+                        if now_used is not None and used is not None and now_used > used:
+                            used, last_progress = now_used, looked
                     if time.monotonic() - last_progress >= stall:
                         return CheckOutcome(
                             DOES_NOT_CONFORM,
