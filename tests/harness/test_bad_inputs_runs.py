@@ -29,7 +29,7 @@ from parity.report.rundir import OWNER_FILE
 from tests.harness.test_bad_inputs_review import ROWS as REVIEW_ROWS
 from tests.harness.test_bad_inputs_review import baseline_made, make_run, with_baseline
 from tests.support.bad_input_table import Bad, Outcome, check_bad_input, cli, process
-from tests.support.helpers import PROJECT_ROOT, run_command, run_parity, run_pytest_here, subprocess_env
+from tests.support.helpers import PROJECT_ROOT, run_command, run_parity, run_pytest, run_pytest_here, subprocess_env
 
 pytestmark = pytest.mark.parity_cpu
 
@@ -85,6 +85,19 @@ def parity_run(*args: str) -> Callable[[Path], Outcome]:
         _nothing_left(pids, outcome)
         if reports.is_dir() and any(reports.iterdir()):
             outcome.output += "\nleft a run directory"
+        return outcome
+
+    return run
+
+
+def fresh_pytest(*args: str) -> Callable[[Path], Outcome]:
+    """`pytest ARGS` in a fresh process (a target that forks must not fork this one)."""
+
+    def run(tmp_path: Path) -> Outcome:
+        pids = tmp_path / "fork-pids"
+        command = [*args, "--parity-report-dir", str(tmp_path / "reports"), "-q"]
+        outcome = process(run_pytest(command, PARITY_TEST_FORK_PIDS=str(pids)))
+        _nothing_left(pids, outcome)
         return outcome
 
     return run
@@ -173,6 +186,7 @@ ROWS = [
     # -- targets: a fork, a signal to the parent, a router member that is no method, sys.exit
     Bad("check-target-factory-forks", check_target("forks"), ("the factory tests.support.slippery_targets:forks forked this process", "os.fork", "multiprocessing or subprocess")),
     Bad("run-target-forks", parity_run("--suite", "selfcheck", "--target", f"{SLIPPERY}:forks"), ("does not conform", "forked this process"), marks=(pytest.mark.parity_slow,)),
+    Bad("pytest-target-forks", fresh_pytest(str(PROJECT_ROOT / "parity/suites/selfcheck"), "--parity-target", f"{SLIPPERY}:forks"), ("ERROR: --parity-target", "forked this process"), marks=(pytest.mark.parity_slow,)),
     Bad("check-target-signals-parent", check_target("signals_parent"), ("target tests.support.slippery_targets:signals_parent sent SIGTERM to its parent process", "must not signal processes it did not start")),
     Bad("check-target-router-attribute", check_target("router_attribute", "--suite", "routing"), ("the target's 'router' is a ServingRouter object, not a method", "target.router(...)")),
     Bad("pytest-router-attribute", suites_session(str(PROJECT_ROOT / "parity/suites/routing/test_edges.py"), "--parity-target", f"{SLIPPERY}:router_attribute", refused=True), ("ERROR: --parity-target", "'router' is a ServingRouter object, not a method")),
@@ -194,6 +208,7 @@ EXIT = {
     "append-other-tree": 4,
     "check-target-factory-forks": 1,  # check-target: the target does not conform; parity run: the same, 1
     "run-target-forks": 1,
+    "pytest-target-forks": 4,  # pytest: a usage error up front
     "check-target-signals-parent": 1,
     "check-target-router-attribute": 1,
     "pytest-router-attribute": 4,  # pytest: a usage error up front
