@@ -96,6 +96,12 @@ def _run_options_problem(args: argparse.Namespace) -> str | None:
                 f"--append --run-id {args.run_id!r}: no run of that id under {run_dir.parent} (nothing to add to); "
                 "leave --append out to start it"
             )
+        differ = _append_mismatch(args, run_dir)
+        if differ:
+            return (
+                f"--append --run-id {args.run_id!r}: the existing run was made with another configuration ({'; '.join(differ)}): "
+                "rows of both would not be one run; choose another run id"
+            )
     if args.tp < 1:
         return f"--tp {args.tp}: the tensor-parallel size must be at least 1"
     if args.tp > 1 and args.numprocesses:
@@ -107,6 +113,22 @@ def _run_options_problem(args: argparse.Namespace) -> str | None:
     if behind:
         return f"pytest arguments after -- set parity's own options: {', '.join(behind)}"
     return None
+
+
+def _append_mismatch(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    """How `parity run --append` differs from the run it names, before anything runs: the options,
+    the torch and the tree (the target's code is compared by the session, once it has found it)."""
+    from parity.plugin.options import DEFAULT_DTYPE
+    from parity.plugin.session import append_mismatch
+    from parity.report import read_run_info
+
+    try:
+        info = read_run_info(run_dir)
+    except ValueError:
+        return []  # an unreadable run.json: the session refuses it with its own line
+    mine = {"device": args.device, "size": args.size, "dtype": args.dtype or DEFAULT_DTYPE[args.device], "target": args.target}
+    mine.update(seed=args.seed, torch=env.torch_version(), git_sha=env.git_sha())
+    return append_mismatch(info, mine)
 
 
 def _review_options_problem(args: argparse.Namespace) -> str | None:
@@ -504,13 +526,20 @@ def cmd_review(args: argparse.Namespace) -> int:
         latest_run_dir,
         load_review,
     )
+    from parity.target import suite_families
 
     try:
         if args.write_baseline:  # refused before anything is read or written (docs/reports.md §2)
             check_baseline_target(args.write_baseline)
         run_dir = args.run_dir or latest_run_dir(DEFAULT_REPORT_DIR)
         try:
-            review = load_review(run_dir, baseline=args.baseline, use_default_baseline=not args.no_baseline, margin=args.margin)
+            review = load_review(
+                run_dir,
+                baseline=args.baseline,
+                use_default_baseline=not args.no_baseline,
+                margin=args.margin,
+                suite_families=suite_families(),
+            )
         except BaselineError as exc:
             if args.write_baseline is None:
                 raise

@@ -32,11 +32,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
+from parity.observe.progress import POLL_S, STALL_ENV, TargetClock, cpu_seconds, descendants, stall_limit
 from parity.target import (
     ENGINE_POLICIES,
     FAMILIES,
     SUITES_WITHOUT_FAMILY,
     CaptureRegistry,
+    ContractBreach,
     Family,
     SuitePlan,
     TargetError,
@@ -269,10 +271,10 @@ def shape_text(value: Any) -> str:
 
 TIMEOUT_ENV = "PARITY_CHECK_TARGET_TIMEOUT"
 DEFAULT_TIMEOUT_S = 180.0  # the serving target's check takes seconds; a CUDA start-up a few more
-STARTUP_BOUND_S = 120.0  # a fresh child's interpreter and torch import (seconds; many more on a loaded machine)
-THREAD_GRACE_S = 2.0  # how long threads the target started may take to end by themselves
+THREAD_GRACE_S = 2.0  # how long threads the target started may take to end by themselves (the target's own time)
 CONFORMS, DOES_NOT_CONFORM, UNRESOLVED = 0, 1, 3  # `parity check-target`'s exit codes (2: usage)
 _CHILD_CODE = "import sys; from parity.conformance import child_main; child_main(sys.argv[1])"
+SHIELD = True  # the check's first process stays between the command and the target (`_shield`)
 
 _step_listener: Callable[[str], None] | None = None  # set in the check's child: tells the parent each step
 
@@ -311,12 +313,13 @@ class CheckOutcome:
 
 
 def threads_left(before: set[threading.Thread], grace: float = THREAD_GRACE_S) -> list[threading.Thread]:
-    """Non-daemon threads started since `before` that are still running after `grace` seconds: the
+    """Non-daemon threads started since `before` that are still running after `grace` seconds of
+    this process's own time (`TargetClock`: a queue for the CPU is not the threads' slowness): the
     interpreter waits for them at exit, so a run with one never ends."""
-    deadline = time.monotonic() + grace
+    clock = TargetClock(os.getpid())
     left = [t for t in threading.enumerate() if t not in before and not t.daemon and t.is_alive()]
-    for thread in left:
-        thread.join(max(0.0, deadline - time.monotonic()))
+    while any(t.is_alive() for t in left) and clock.read() < grace:
+        next(t for t in left if t.is_alive()).join(0.05)
     return [t for t in left if t.is_alive()]
 
 
@@ -325,6 +328,8 @@ def check_here(spec: str, device: str, suites: Iterable[str]) -> CheckOutcome:
     before = set(threading.enumerate())
     try:
         target = resolve_target(spec, on_step=announce)
+    except ContractBreach as exc:  # the target's code ended the process, forked it, or gave a member that is no method
+        return CheckOutcome(DOES_NOT_CONFORM, [str(exc)])
     except TargetError as exc:
         return CheckOutcome(UNRESOLVED, [str(exc)])
     result = check_target(target, spec, device=device, suites=suites)
@@ -346,7 +351,7 @@ def _send(fd: int, message: dict[str, Any]) -> None:
 
 
 def _exit_with_parent(parent: int) -> None:
-    """A daemon thread that ends the child when its parent is gone (killed outright: nobody would
+    """A daemon thread that ends this process when its parent is gone (killed outright: nobody would
     stop a target that hangs)."""
 
     def watch() -> None:
@@ -357,20 +362,54 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parity-check-parent-watch", daemon=True).start()
 
 
+def _shield(worker: int, fd: int, parent: int) -> NoReturn:
+    """The check's first process, while `worker` (its child) runs the check: a target that signals
+    its parent (`os.kill(os.getppid(), ...)`) reaches this process, not the command waiting for the
+    check, which then names it. Reports how `worker` ended and ends; if the command is gone, ends
+    the check's whole process group."""
+    try:
+        while True:
+            if os.getppid() != parent:
+                os.killpg(0, signal.SIGKILL)
+            pid, status = os.waitpid(worker, os.WNOHANG)
+            if pid == worker:
+                with contextlib.suppress(OSError):
+                    _send(fd, {"ended": status})
+                os._exit(0)
+            time.sleep(0.05)
+    finally:
+        os._exit(1)  # never back into the code of the process it was forked from
+
+
+def _default_signals() -> None:
+    """The check's processes take every signal as a fresh process does: a handler the command
+    (or a pytest process that runs it) installed does not survive into its fork, so a signal the
+    target sends ends the process it reaches."""
+    for signum in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+
+
 def child_main(payload: str, *, forked: bool = False) -> NoReturn:
-    """The check's child process: run `check_here`, send each step and the outcome to the parent
-    through the pipe named in `payload`, and end without waiting for the target's threads."""
+    """The check's child process: fork the process that runs `check_here` (this one stays its parent,
+    `_shield`), send each step and the outcome to the command through the pipe named in `payload`,
+    and end without waiting for the target's threads."""
     global _step_listener
     options = json.loads(payload)
     fd = int(options["fd"])
+    _default_signals()
+    worker = os.fork() if SHIELD else 0  # before any thread starts here, and before torch (a fresh child) or its threads are used
+    if worker:
+        _shield(worker, fd, int(options["parent"]))
     sys.path[:] = options["path"]  # the target resolves as it would in the parent (a fresh interpreter's path differs)
     try:
-        _exit_with_parent(int(options["parent"]))
+        _exit_with_parent(os.getppid())
         if forked and "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(1)  # a thread pool the parent started does not survive a fork
         import torch  # noqa: F401  the harness's own import: its seconds are not the target's (docs/targets.md §8)
 
-        _send(fd, {"ready": True})  # the parent's clock for the target starts here
+        _send(fd, {"ready": True, "pid": os.getpid()})  # the parent's clock for the target starts here
         _step_listener = lambda what: _send(fd, {"step": what})
         outcome = check_here(options["spec"], options["device"], options["suites"])
         _send(fd, {"result": dataclasses.asdict(outcome)})
@@ -394,6 +433,12 @@ def _can_fork() -> bool:
     return torch is None or not torch.cuda.is_initialized()
 
 
+def _tree_cpu(pid: int) -> float | None:
+    """CPU seconds used by `pid` and every process below it; None where /proc cannot tell."""
+    used = [cpu_seconds(p) for p in (pid, *descendants(pid))]
+    return None if used[0] is None else sum(u for u in used if u is not None)
+
+
 class CheckProcess:
     """`check_here` running in a child process (a session of its own: its group is killed when the
     check ends, with whatever the target started); `wait` returns its outcome within a time limit."""
@@ -404,32 +449,41 @@ class CheckProcess:
         self.fd = fd
         self.popen = popen
         self.status: int | None = None  # the child's wait status once reaped
+        self.worker_status: int | None = None  # the status of the process that ran the target, as its parent saw it
 
-    def wait(self, timeout: float, startup: float = STARTUP_BOUND_S) -> CheckOutcome:
-        """The child's outcome. `timeout` counts from when the child is ready (its interpreter
-        started and torch imported, within `startup` seconds): a loaded machine's slow start-up is
-        not charged to the target."""
-        deadline = time.monotonic() + startup
-        step, buffer, result, started = "starting", b"", None, False
+    def wait(self, timeout: float, stall: float | None = None) -> CheckOutcome:
+        """The child's outcome. `timeout` is the target's time (`TargetClock`: from when the check's
+        process is ready, its interpreter started and torch imported, less the time it queued for a
+        CPU): a loaded machine's slowness is not charged to the target. Until it is ready the child
+        is stopped only when it makes no progress (no CPU time used) for `stall` seconds
+        (`stall_limit()`: $PARITY_STALL_S)."""
+        stall = stall_limit(stall)
+        step, buffer, result, clock = "starting", b"", None, None
+        used, last_progress = _tree_cpu(self.pid), time.monotonic()
+        looked = last_progress
         try:
             while result is None:
-                left = deadline - time.monotonic()
-                if left <= 0 and not started:
-                    return CheckOutcome(
-                        DOES_NOT_CONFORM,
-                        [
-                            f"the check's process for target {self.spec} did not start within {startup:g} s "
-                            "(a fresh interpreter importing torch; before any target code ran)"
-                        ],
-                    )
-                if left <= 0:
+                if clock is None:
+                    if time.monotonic() - looked >= POLL_S:  # /proc is walked for the tree: not at every turn
+                        looked, now_used = time.monotonic(), _tree_cpu(self.pid)
+                        if now_used is not None and used is not None and now_used > used:
+                            used, last_progress = now_used, looked
+                    if time.monotonic() - last_progress >= stall:
+                        return CheckOutcome(
+                            DOES_NOT_CONFORM,
+                            [
+                                f"the check's process for target {self.spec} made no progress for {stall:g} s while starting "
+                                f"(a fresh interpreter importing torch; before any target code ran; {STALL_ENV} sets the limit)"
+                            ],
+                        )
+                elif clock.read() >= timeout:
                     return CheckOutcome(
                         DOES_NOT_CONFORM,
                         [
                             f"target {self.spec} did not finish its check within {timeout:g} s: it hung in {step} (docs/targets.md §1)"
                         ],
                     )
-                ready, _, _ = select.select([self.fd], [], [], min(left, 0.5))
+                ready, _, _ = select.select([self.fd], [], [], POLL_S / 5)
                 if not ready:
                     self._reap(block=False)
                     if self.status is not None and not select.select([self.fd], [], [], 0)[0]:
@@ -443,33 +497,57 @@ class CheckProcess:
                 for line in lines:
                     with contextlib.suppress(ValueError, AttributeError):  # only the check writes here
                         message = json.loads(line)
-                        if message.get("ready") and not started:
-                            started, deadline = True, time.monotonic() + timeout
+                        if message.get("ready") and clock is None:
+                            clock = TargetClock(int(message.get("pid", self.pid)))
+                        if "ended" in message:
+                            self.worker_status = int(message["ended"])
                         step = message.get("step", step)
                         result = message.get("result", result)
             if result is not None:
                 return CheckOutcome(int(result["code"]), list(result["lines"]), str(result.get("text", "")))
-            how = self._ended(deadline)
-            return CheckOutcome(
-                DOES_NOT_CONFORM,
-                [
-                    f"target {self.spec} ended the check's process ({how}) in {step}: a target must not end the "
-                    "process (sys.exit or os._exit in its code, or a crash; docs/targets.md §1)"
-                ],
-            )
+            return CheckOutcome(DOES_NOT_CONFORM, [self._ended_line(step)])
         finally:
             self.stop()
 
-    def _ended(self, deadline: float) -> str:
-        """How the child ended (waited for until `deadline` at most)."""
-        while self.status is None and time.monotonic() < deadline:
+    def _ended_line(self, step: str) -> str:
+        """Why the check ended without an outcome: the target ended its process, or signalled the
+        check's first process, its parent."""
+        self._drain()
+        if self.worker_status is None and self.status is not None and os.WIFSIGNALED(self.status):
+            name = signal.Signals(os.WTERMSIG(self.status)).name
+            return (  # no step named: the target runs on for a moment after the signal, and steps it reaches then are no clue
+                f"target {self.spec} sent {name} to its parent process (the check's first process) during its check: a target "
+                "must not signal processes it did not start (docs/targets.md §1)"
+            )
+        status = self.worker_status if self.worker_status is not None else self.status
+        if status is None:
+            how = "its pipe closed"
+        elif os.WIFSIGNALED(status):
+            how = f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+        else:
+            how = f"exit code {os.waitstatus_to_exitcode(status)}"
+        return (
+            f"target {self.spec} ended the check's process ({how}) in {step}: a target must not end the "
+            "process (sys.exit or os._exit in its code, or a crash; docs/targets.md §1)"
+        )
+
+    def _drain(self) -> None:
+        """Read the first process's last word (how the target's process ended), once it has ended."""
+        while self.status is None:
             self._reap(block=False)
-            time.sleep(0.05)
-        if self.status is None:
-            return "its pipe closed"
-        if os.WIFSIGNALED(self.status):
-            return f"killed by {signal.Signals(os.WTERMSIG(self.status)).name}"
-        return f"exit code {os.waitstatus_to_exitcode(self.status)}"
+            if self.status is None:
+                time.sleep(0.02)
+        buffer = b""
+        while select.select([self.fd], [], [], 0)[0]:
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                break
+            buffer += chunk
+        for line in buffer.split(b"\n"):
+            with contextlib.suppress(ValueError, AttributeError):
+                message = json.loads(line)
+                if "ended" in message:
+                    self.worker_status = int(message["ended"])
 
     def _reap(self, *, block: bool) -> None:
         if self.status is not None:

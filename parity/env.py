@@ -11,6 +11,8 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
+from parity.observe.progress import run_watched
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 # ATen's kernel set below AVX-512 -> the matching cap for oneDNN (and the cpublas paths that ask
@@ -103,12 +105,8 @@ def cpu_kernels() -> dict[str, str]:
 def git_sha(root: Path = PROJECT_ROOT) -> str:
     """Short commit of the tree under test, with `-dirty` when it has uncommitted changes."""
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
+        sha = run_watched(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, check=True).stdout.strip()
+        dirty = run_watched(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{sha}-dirty" if dirty else sha
@@ -151,9 +149,7 @@ def _tracked_file_sha(path: Path) -> str:
     """The commit of the checkout `path` lives in, or '' outside any checkout or when git ignores
     the file (a virtual environment inside a checkout is not that checkout's code)."""
     try:
-        ignored = subprocess.run(
-            ["git", "check-ignore", "-q", str(path)], cwd=path.parent, capture_output=True, timeout=10
-        ).returncode
+        ignored = run_watched(["git", "check-ignore", "-q", str(path)], cwd=path.parent).returncode
     except (OSError, subprocess.SubprocessError):
         return ""
     if ignored != 1:  # 0: ignored; 128: not in a work tree

@@ -11,9 +11,13 @@ you trust. A family the target does not provide (`FAMILIES`) has its suites skip
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
-from collections.abc import Callable
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,6 +29,12 @@ BUILTIN_TARGETS = {
 
 class TargetError(RuntimeError):
     """`--target` names something that cannot be loaded; the message is one line saying what and why."""
+
+
+class ContractBreach(TargetError):
+    """The target's own code broke the contract while it was resolved (it ended the process, forked
+    it, or handed back a family member that cannot be called): `parity check-target` says the
+    target does not conform (exit 1), where a spec that names no factory is exit 3 (docs/cli.md §2)."""
 
 
 def _one_line(exc: BaseException) -> str:
@@ -65,7 +75,7 @@ def resolve_target(spec: str, option: str = "--target", *, on_step: Callable[[st
     except ImportError as exc:
         raise TargetError(f"{where}: cannot import module {module_name!r} ({_one_line(exc)})") from None
     except SystemExit as exc:  # a module that ends the process would end the run with no word (docs/targets.md §1)
-        raise TargetError(
+        raise ContractBreach(
             f"{where}: importing module {module_name!r} called {exit_text(exc)}: a target must not end the process"
         ) from None
     except Exception as exc:  # the module's own code raised while importing
@@ -80,15 +90,114 @@ def resolve_target(spec: str, option: str = "--target", *, on_step: Callable[[st
             "factory(tp=...) on every rank (docs/targets.md §11)"
         )
     step(f"calling the factory {path}" + (f" on rank {tp.rank} of {tp.world_size}" if tp is not None else ""))
-    try:
-        target = factory() if tp is None else factory(tp=tp)
-    except SystemExit as exc:
-        raise TargetError(f"{where}: the factory {path} called {exit_text(exc)}: a target must not end the process") from None
-    except Exception as exc:
-        raise TargetError(f"{where}: the factory {path} raised {_one_line(exc)}") from None
+    with watching_forks() as forks:
+        try:
+            target = factory() if tp is None else factory(tp=tp)
+        except SystemExit as exc:
+            raise ContractBreach(
+                f"{where}: the factory {path} called {exit_text(exc)}: a target must not end the process"
+            ) from None
+        except Exception as exc:
+            raise TargetError(f"{where}: the factory {path} raised {_one_line(exc)}") from None
+    if forks:
+        raise ContractBreach(
+            f"{where}: the factory {path} forked this process (os.fork; the copy, pid {forks[0]}, is stopped): a copy that "
+            "returns from the factory would run the suites a second time; start an engine's processes with "
+            "multiprocessing or subprocess (docs/targets.md §1)"
+        )
     if not isinstance(getattr(target, "name", None), str) or not target.name:
         raise TargetError(f"{where}: the factory returned {type(target).__name__} without a 'name' (expected a non-empty str)")
+    wrong = uncallable_members(target)
+    if wrong:
+        member, found = wrong[0]
+        raise ContractBreach(
+            f"{where}: the target's {member!r} is a {found} object, not a method: the suites call target.{member}(...) "
+            "(docs/targets.md §2); leave the member out to leave its family out"
+        )
     return target
+
+
+def uncallable_members(target: Any) -> list[tuple[str, str]]:
+    """Family members `target` has but cannot call, with their type (`router` set to the router
+    adapter itself instead of a method returning it): without this check the plan would read the
+    family as not provided and skip its suites."""
+    found = []
+    for family in FAMILIES.values():
+        for member in family.members:
+            value = getattr(target, member, None)
+            if value is not None and not callable(value):
+                found.append((member, type(value).__name__))
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# A factory that forks (docs/targets.md §1)
+# ---------------------------------------------------------------------------------------------
+
+# While a factory runs: the write end of a pipe each forked copy names itself on, and the count of
+# forks the parent saw. A copy knows how it was forked (the frame that called fork); only the
+# parent knows it happened, and the copy's line arrives before it does anything else.
+_FORK_PIPE: int | None = None
+_FORKS_SEEN = [0]
+_CHILD_ONLY_FORKERS = ("multiprocessing", "subprocess", "concurrent.futures")  # the copy never returns into the caller
+
+
+def _after_fork_in_parent() -> None:
+    if _FORK_PIPE is not None:
+        _FORKS_SEEN[0] += 1
+
+
+def _after_fork_in_child() -> None:
+    global _FORK_PIPE
+    if _FORK_PIPE is None:
+        return
+    caller = sys._getframe(1).f_globals.get("__name__", "") if sys._getframe(1) is not None else ""
+    kind = "spawner" if str(caller).startswith(_CHILD_ONLY_FORKERS) else "copy"
+    with contextlib.suppress(OSError):
+        os.write(_FORK_PIPE, f"{os.getpid()} {kind}\n".encode())
+        os.close(_FORK_PIPE)
+    _FORK_PIPE = None  # its own forks are its business
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+
+
+@contextlib.contextmanager
+def watching_forks() -> Iterator[list[int]]:
+    """Around a call of target code: the list it yields gets the process ids of the copies the call
+    forked with a plain `os.fork` (a multiprocessing worker or a subprocess is no copy: neither
+    returns into the caller); those copies are killed. A copy that returns anyway ends at once
+    (`os._exit`), so no second copy of the harness runs the suites."""
+    global _FORK_PIPE
+    if not hasattr(os, "register_at_fork") or _FORK_PIPE is not None:
+        yield []
+        return
+    me = os.getpid()
+    read_end, write_end = os.pipe()
+    _FORK_PIPE, _FORKS_SEEN[0] = write_end, 0
+    copies: list[int] = []
+    try:
+        yield copies
+    finally:
+        if os.getpid() != me:  # a copy returning from the target's fork
+            os._exit(1)
+        _FORK_PIPE = None
+        os.close(write_end)
+        seen, lines = _FORKS_SEEN[0], b""
+        while lines.count(b"\n") < seen:  # each copy writes its line first thing after the fork
+            chunk = os.read(read_end, 4096)
+            if not chunk:
+                break
+            lines += chunk
+        os.close(read_end)
+        for line in lines.decode().splitlines():
+            pid, _, kind = line.partition(" ")
+            if kind == "copy":
+                copies.append(int(pid))
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+                    os.waitpid(int(pid), 0)
 
 
 def takes_tp(factory: Callable[..., Any]) -> bool:
@@ -183,6 +292,23 @@ SUITES_WITHOUT_FAMILY: dict[str, Callable[[str, bool], str]] = {
     ),
     "benchmark": lambda spec, benchmarks: "" if benchmarks else "only with --benchmarks",
 }
+
+
+# The directory under parity/suites/ that holds each suite of no family (a family's suites live in its key's).
+SUITE_DIRECTORIES = {"selfcheck": "selfcheck", "sensitivity": "sensitivity", "benchmark": "benchmarks"}
+
+
+def suite_families() -> dict[str, frozenset[str]]:
+    """For each report suite, the suites' directories whose tests write it (the `family` column of
+    its rows: `numerics` is `ar` or `dit`, `routing` only `routing`). A review checks a baseline's
+    family column against it (`parity.report.baseline.misplaced_family`)."""
+    found: dict[str, set[str]] = {}
+    for key, family in FAMILIES.items():
+        for suite in family.suites:
+            found.setdefault(suite, set()).add(key)
+    for suite, directory in SUITE_DIRECTORIES.items():
+        found.setdefault(suite, set()).add(directory)
+    return {suite: frozenset(keys) for suite, keys in found.items()}
 
 
 @dataclass(frozen=True)

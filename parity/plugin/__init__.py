@@ -48,8 +48,43 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def activate(config: pytest.Config) -> None:
-    """Register the parity session's hooks and fixtures (once; later calls do nothing)."""
+    """Register the parity session's hooks and fixtures (once; later calls do nothing). A session
+    whose plugin was switched off (`-p no:parity`: its options were never added) but which collects
+    the suites (their conftest calls this) collects nothing and ends with one line (`SwitchedOff`)."""
+    if switched_off(config):
+        if config.pluginmanager.get_plugin(SwitchedOff.name) is None:
+            config.pluginmanager.register(SwitchedOff(), SwitchedOff.name)
+        return
     if config.pluginmanager.get_plugin(HOOKS) is None:
         from parity.plugin import hooks
 
         config.pluginmanager.register(hooks, HOOKS)
+
+
+def switched_off(config: pytest.Config) -> bool:
+    """Whether the session runs without this plugin's options (`-p no:parity`; the suites'
+    conftest activates the hooks regardless)."""
+    try:
+        config.getoption("parity_device")
+    except ValueError:
+        return True
+    return False
+
+
+class SwitchedOff:
+    """The suites collected with the plugin switched off: nothing is collected (every suite needs
+    the plugin's options and fixtures), and the session ends with one line and exit 4, a usage error."""
+
+    name = "parity-switched-off"
+    message = (
+        "the parity suites need the parity plugin, which -p no:parity switched off: leave -p no:parity out to run them "
+        "(docs/cli.md §7)"
+    )
+
+    @staticmethod
+    def pytest_ignore_collect(collection_path: object, config: pytest.Config) -> bool:
+        return True
+
+    @staticmethod
+    def pytest_collection_finish(session: pytest.Session) -> None:
+        pytest.exit(SwitchedOff.message, returncode=pytest.ExitCode.USAGE_ERROR)

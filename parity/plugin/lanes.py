@@ -130,8 +130,10 @@ def visible_gpus() -> list[str]:
     mask = os.environ.get("CUDA_VISIBLE_DEVICES")
     if mask is not None:
         return [d.strip() for d in mask.split(",") if d.strip()]
+    from parity.observe.progress import run_watched
+
     try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        listing = run_watched(["nvidia-smi", "-L"]).stdout  # stopped only when it stalls (docs/cli.md §9)
     except (OSError, subprocess.SubprocessError):
         return []
     return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]

@@ -62,8 +62,35 @@ WORKER_RUN_DIR = "parity_run_dir"  # key of the run directory in an xdist worker
 WORKER_CONTROLLER_PID = "parity_controller_pid"  # key of the controller's pid in workerinput
 TARGET = pytest.StashKey[Any]()
 TARGET_ERROR = pytest.StashKey[TargetError]()
-# The run.json keys that must agree for `--parity-append` to add rows to an existing run.
+# The run.json keys that must agree for `--parity-append` to add rows to an existing run: the
+# options, then the torch and the tree that made it (compared where run.json records them), then
+# where the target's code came from (`env.target_provenance`; known once the session starts).
 APPEND_KEYS = ("device", "size", "dtype", "target", "seed")
+APPEND_ENV_KEYS = ("torch", "git_sha")
+APPEND_PROVENANCE_KEYS = ("file", "distribution", "version", "git_sha")
+
+
+def append_mismatch(info: dict[str, Any], mine: dict[str, Any]) -> list[str]:
+    """How this session (`mine`: the `APPEND_KEYS` and `APPEND_ENV_KEYS` it would record, and
+    optionally `target_provenance`) differs from the run it would add rows to (`info`, its
+    run.json): one `key: run has ..., this session ...` each. Rows of another torch, tree or target
+    code are not the same run: the review would refuse the whole of it (docs/reports.md §1)."""
+    differ = [
+        f"{key}: run has {info.get(key)!r}, this session {mine[key]!r}" for key in APPEND_KEYS if info.get(key) != mine[key]
+    ]
+    differ += [
+        f"{key}: run has {info[key]!r}, this session {mine[key]!r}"
+        for key in APPEND_ENV_KEYS
+        if key in mine and info.get(key) not in (None, "") and info[key] != mine[key]
+    ]
+    theirs, ours = info.get("target_provenance"), mine.get("target_provenance")
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        differ += [
+            f"target {key}: run has {theirs[key]!r}, this session {ours.get(key)!r}"
+            for key in APPEND_PROVENANCE_KEYS
+            if theirs.get(key) not in (None, "") and theirs[key] != ours.get(key)
+        ]
+    return differ
 
 
 def option(config: pytest.Config, name: str) -> Any:
@@ -175,12 +202,14 @@ class RunSession:
         return session
 
     def check_append(self) -> None:
-        """`--parity-append` adds rows to a run of the same configuration only."""
+        """`--parity-append` adds rows to a run of the same configuration, torch, tree and target
+        code only (`append_mismatch`)."""
         info = read_run_info(self.run_dir)
-        mine = {"device": self.device, "size": self.size, "dtype": self.dtype, "target": self.target, "seed": self.seed}
-        differ = [
-            f"{key}: run has {info.get(key)!r}, this session {mine[key]!r}" for key in APPEND_KEYS if info.get(key) != mine[key]
-        ]
+        mine: dict[str, Any] = {"device": self.device, "size": self.size, "dtype": self.dtype, "target": self.target}
+        mine.update(seed=self.seed, torch=env.torch_version(), git_sha=env.git_sha())
+        with contextlib.suppress(TargetError):  # an unknown spec: the run stops on it elsewhere
+            mine["target_provenance"] = env.target_provenance(self.target, factory_path(self.target))
+        differ = append_mismatch(info, mine)
         if differ:
             raise pytest.UsageError(
                 f"--parity-append {self.run_dir}: the existing run was made with another configuration ({'; '.join(differ)})"

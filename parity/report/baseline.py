@@ -46,6 +46,7 @@ import gzip
 import math
 import os
 import re
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,26 @@ def check_baseline_file(source: str | Path) -> None:
     if problems:
         more = f" ({len(problems)} problems in all)" if len(problems) > 1 else ""
         raise BaselineError(f"baseline {records.path.parent}/{problems[0].line()}{more}")
+
+
+def misplaced_family(rows: pd.DataFrame, suite_families: Mapping[str, Collection[str]], name: str) -> str | None:
+    """The first baseline row whose `family` column its suite cannot have (`suite_families`: the
+    family directories whose tests write each suite, `parity.target.suite_families`), as one line;
+    None when every row's family fits. The family decides which rows a review leaves out for a
+    target that does not provide it (`not_compared`), so a wrong one could hide a vanished case.
+    Rows without a family (a baseline older than the column) and suites not in the map pass."""
+    if "family" not in rows.columns:
+        return None
+    for position, (suite, family) in enumerate(zip(rows["suite"], rows["family"], strict=True)):
+        allowed = suite_families.get(str(suite))
+        if allowed is None or family in ("", None) or family in allowed:
+            continue
+        row = rows.iloc[position]
+        return (
+            f"baseline {name} line {position + 2} ({row_location(row)}): family {family!r}, but the {suite} suite's rows are "
+            f"family {' or '.join(sorted(allowed))}: a row's family decides whether a review compares it; regenerate the baseline"
+        )
+    return None
 
 
 def device_kind(device: str, device_name: str = "") -> str:
@@ -720,7 +741,12 @@ def not_compared(baseline: pd.DataFrame, current: pd.DataFrame) -> dict[str, pd.
     not_provided = current[(current["metric"] == NOT_PROVIDED) & (current["verdict"] == SKIP)]
     families = sorted(set(not_provided["case"]))
     if families and "family" in baseline.columns:
-        mask = baseline["family"].isin(families)
+        # a (suite, family) the run left out, not the family alone: a row whose family column is
+        # wrong for its suite is compared, and cannot hide a vanished case of a suite that ran
+        left_out = set(zip(not_provided["suite"], not_provided["case"], strict=True))
+        mask = pd.Series(
+            [pair in left_out for pair in zip(baseline["suite"], baseline["family"], strict=True)], index=baseline.index
+        )
         reasons[f"families this target does not provide ({', '.join(families)})"] = mask
     current_tp, baseline_tp = run_tp(current), run_tp(baseline)
     if current_tp != baseline_tp:

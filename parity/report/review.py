@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import math
 import socket
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from parity.report.baseline import (
     BASELINE_DIR,
     DEFAULT_MARGIN,
     ROW_KEYS,
+    BaselineError,
     Comparison,
     allowance_used,
     compare_rows,
@@ -37,6 +39,7 @@ from parity.report.baseline import (
     device_kind,
     format_comparison,
     load_rows,
+    misplaced_family,
     run_config,
     source_device_kind,
     spec_baseline_path,
@@ -53,7 +56,7 @@ from parity.report.rows import (
     read_run_info,
     summarize,
 )
-from parity.report.rundir import owner_alive, process_alive, read_owner, refuse_link
+from parity.report.rundir import Owner, owner_alive, process_alive, read_owner, refuse_link
 
 # 3: the run did not complete (or its file is torn); `--allow-incomplete` reviews its rows anyway.
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INCOMPLETE = 0, 1, 2, 3
@@ -166,11 +169,13 @@ def load_review(
     use_default_baseline: bool = True,
     margin: float = DEFAULT_MARGIN,
     baseline_dir: Path = BASELINE_DIR,
+    suite_families: Mapping[str, Collection[str]] | None = None,
 ) -> Review:
     """Read `run_dir` and compare it with `baseline` (a run directory or CSV) or, when none is given
     and `use_default_baseline`, with `baseline_dir/<device kind>-<dtype>.csv` if that exists (another
     target's `<device kind>-<dtype>-<name>.csv`, or, not yet renamed, its file named by the `--target`
-    value: docs/reports.md "Migrating")."""
+    value: docs/reports.md "Migrating"). `suite_families` (`parity.target.suite_families`): a baseline
+    row whose family column its suite cannot have is a `BaselineError` (`misplaced_family`)."""
     run_dir = Path(run_dir)
     refuse_link(run_dir, "the run directory")
     if not run_dir.is_dir():
@@ -198,6 +203,9 @@ def load_review(
             review.baseline_note = f"no baseline for this device kind, dtype and target at {candidate}"
     if baseline is not None:
         rows = load_rows(baseline, strict=True)
+        misplaced = misplaced_family(rows, suite_families, str(baseline)) if suite_families else None
+        if misplaced:
+            raise BaselineError(misplaced)
         if by_name:
             rows = _same_target_renamed(rows, frame, review)
         run_kind = None
@@ -248,9 +256,17 @@ def status_problem(info: dict[str, Any], what: str = "the run", claim: bool | No
             return (
                 f"{what} says running but {where} is gone: it ended without recording its end (killed, or the machine went down)"
             )
-        return f"{what} says running ({where}; cannot tell from here whether it still is)"
+        return f"{what} says running ({where}: cannot be checked from here whether it still runs)"
     how = info.get("signal") or info.get("reason") or "no reason recorded"
     return f"{what} was {status} ({how})"
+
+
+def claimed_elsewhere(owner: Owner | None, info: dict[str, Any]) -> bool:
+    """Whether a free lock here says nothing of the run's process: its owner record or its
+    run.json names another host (a copied run directory, an owner file copied along with it), and
+    a process there cannot be checked from here (docs/reports.md §2)."""
+    here = socket.gethostname()
+    return (owner is not None and owner.host != here) or info.get("host") not in (None, here)
 
 
 def completeness(run_dir: Path, info: dict[str, Any]) -> list[str]:
@@ -261,9 +277,8 @@ def completeness(run_dir: Path, info: dict[str, Any]) -> list[str]:
         problems.append(f"no {RUN_INFO_FILE}: whether the run completed is unknown")
     else:
         claim = owner_alive(run_dir) if info.get("status") == RUNNING else None
-        owner = read_owner(run_dir) if claim is False else None
-        if owner is not None and owner.host != socket.gethostname():
-            claim = None  # claimed on another machine (a copied run directory): a lock here says nothing of it
+        if claim is False and claimed_elsewhere(read_owner(run_dir), info):
+            claim = None
         problems += filter(None, [status_problem(info, claim=claim)])
         for n, earlier in enumerate(info.get("previous_sessions", []), start=1):
             if earlier.get("resumed"):  # the next session, started the same way, ran its missing tests (parity.plugin.resume)

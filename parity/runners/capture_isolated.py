@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from parity.observe.progress import run_watched
 
 _MARKER = "PARITY_ISOLATED_CAPTURE "
 
@@ -60,7 +61,6 @@ def capture_in_subprocess(
     *,
     mode: str = "cuda_graph",
     device: str = "cuda",
-    timeout_s: float = 300.0,
     cwd: str | Path | None = None,
 ) -> IsolatedCapture:
     """Prepare the case `factory` builds in a fresh Python and report how the capture went."""
@@ -74,14 +74,7 @@ def capture_in_subprocess(
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     request = json.dumps({"factory": factory, "mode": mode, "device": device})
     code = "import sys; from parity.runners.capture_isolated import _child_main; _child_main(sys.argv[1])"
-    completed = subprocess.run(
-        [sys.executable, "-c", code, request],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+    completed = run_watched([sys.executable, "-c", code, request], cwd=workdir, env=env)  # stopped only when it stalls
     report = None
     for line in reversed(completed.stdout.splitlines()):
         if line.startswith(_MARKER):

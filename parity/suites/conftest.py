@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 import torch
 
@@ -31,7 +32,7 @@ from parity.plugin.lanes import KEEP_COMPILE_CACHE, suite_of
 from parity.plugin.report_fixture import SESSION, WRITER
 from parity.plugin.session import option, session_target
 from parity.plugin.short_names import device, report, run_dir, settings, target  # noqa: F401 - this folder's fixture names
-from parity.report import NOT_PROVIDED
+from parity.report import NOT_PROVIDED, not_provided_lines
 from parity.runners import modes_for
 from parity.suites.ar.support import ARModels, build_ar_models
 from parity.suites.device_memory import DeviceMemoryError
@@ -93,8 +94,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     dropped = {id(item) for group in left_out.values() for item in group}
     config.hook.pytest_deselected(items=[item for group in left_out.values() for item in group])
     items[:] = [item for item in items if id(item) not in dropped]
-    if writes_session_rows(config):
+    if not items:  # the plan leaves out all that was selected: said, and no run directory for rows of nothing run
+        _say_nothing_runs(config, plans, left_out)
+    elif writes_session_rows(config):
         _record_left_out(config, plans, left_out)
+
+
+NOT_RUN = pytest.StashKey[list[str]]()  # the `not run:` lines of a session the plan left nothing to run
+WORKER_NOT_RUN = "parity_not_run"  # the same lines, from an xdist worker to the controller (workeroutput)
+
+
+def _say_nothing_runs(config: pytest.Config, plans: list[Any], left_out: dict[tuple[str, str], list[pytest.Item]]) -> None:
+    """The `not run:` lines of the summary (docs/cli.md §1), printed at the end of a session that
+    runs nothing because the target provides none of the selected suites' families: pytest then
+    exits 5 (nothing selected) and, with no row written, leaves no run directory."""
+    records = [
+        {
+            "suite": suite,
+            "case": family,
+            "value": len(tests),
+            "detail": not_selected(plans, suite, family),
+            "metric": NOT_PROVIDED,
+        }
+        for (suite, family), tests in left_out.items()
+    ]
+    lines = not_provided_lines(pd.DataFrame(records))
+    config.stash[NOT_RUN] = lines
+    if hasattr(config, "workeroutput"):
+        config.workeroutput[WORKER_NOT_RUN] = lines
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist's controller: a worker's `not run:` lines (the controller collects nothing)."""
+    lines = getattr(node, "workeroutput", {}).get(WORKER_NOT_RUN)
+    if lines:
+        node.config.stash[NOT_RUN] = list(lines)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    for line in config.stash.get(NOT_RUN, []):
+        terminalreporter.write_line(line)
 
 
 def _catalogue_of_this_tp(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -28,7 +28,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from safetensors.torch import load_file, save_file
 from parity.cases import Table, add_case_dirs, load_case_file
 from parity.cli import build_parser, main
 from parity.compare import Tolerance, diff
+from parity.observe.progress import communicate_watched, wait_for
 from parity.report import RESULTS_FILE, ReportWriter, read_run_info, write_run_info
 from tests.support.bad_input_table import Bad, Outcome, check_bad_input, cli, process, raised
 from tests.support.helpers import PROJECT_ROOT, default_signals, run_parity, run_pytest_here, subprocess_env
@@ -481,7 +481,7 @@ def suites_session(*args: str, skips: bool = False) -> Callable[[Path], Outcome]
 
 def fresh_parity_run(*args: str) -> Callable[[Path], Outcome]:
     def run(tmp_path: Path) -> Outcome:
-        outcome = process(run_parity(["run", "--report-dir", str(tmp_path / "reports"), *args], timeout=300))
+        outcome = process(run_parity(["run", "--report-dir", str(tmp_path / "reports"), *args]))
         left = list((tmp_path / "reports").iterdir()) if (tmp_path / "reports").is_dir() else []
         outcome.output += "".join(f"\nleft a run directory: {p}" for p in left if p.is_dir())
         return outcome
@@ -497,7 +497,7 @@ def fresh_append(*args: str, run_target: str = "serving") -> Callable[[Path], Ou
         run_dir = make_run(tmp_path / "reports" / "r", context={**CONTEXT, "target": run_target})
         before = (run_dir / RESULTS_FILE).read_bytes(), (run_dir / "run.json").read_bytes()
         command = ["run", "--report-dir", str(tmp_path / "reports"), "--run-id", "r", "--append", "--suite", "selfcheck", *args]
-        outcome = process(run_parity(command, timeout=300))
+        outcome = process(run_parity(command))
         outcome.preserved = ((run_dir / RESULTS_FILE).read_bytes(), (run_dir / "run.json").read_bytes()) == before
         return outcome
 
@@ -658,7 +658,7 @@ BAD_INPUTS = [
     # -- in a fresh process: xdist, and `parity run` past its own checks (its pytest, its device) ---
     Bad("target-bogus-xdist", fresh_parity_run("--suite", "selfcheck", "--target", "bogus.mod:f", "-n", "2"), ("ERROR: --parity-target 'bogus.mod:f'", "No module named 'bogus'"), marks=(pytest.mark.parity_slow,)),
     Bad("append-target-gone", fresh_append("--target", "bogus.mod:f", run_target="bogus.mod:f"), ("ERROR: --parity-target 'bogus.mod:f'", "No module named 'bogus'"), marks=(pytest.mark.parity_slow,)),
-    Bad("append-other-target", fresh_append("--target", "reference"), ("ERROR: --parity-append", "another configuration", "target: run has 'serving', this session 'reference'"), marks=(pytest.mark.parity_slow,)),
+    Bad("append-other-target", fresh_append("--target", "reference"), ("parity run: --append --run-id 'r'", "another configuration", "target: run has 'serving', this session 'reference'"), marks=(pytest.mark.parity_slow,)),
     Bad("cuda-on-a-cpu-machine", fresh_parity_run("--device", "cuda", "--suite", "selfcheck"), ("ERROR: --parity-device cuda: no CUDA device is available",), marks=(pytest.mark.parity_slow, pytest.mark.skipif(HAS_CUDA, reason="needs a machine without CUDA"),)),
 ]
 # fmt: on
@@ -875,14 +875,18 @@ def test_ctrl_c_during_parity_run_leaves_run_json_interrupted_and_the_review_say
         preexec_fn=default_signals,
     )
     try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / RESULTS_FILE).is_file() or (run_dir / RESULTS_FILE).stat().st_size < 2000:
-            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
-            time.sleep(0.05)
+        results = run_dir / RESULTS_FILE
+        reached = wait_for(  # no time limit: stopped only when the run stops writing (parity.observe.progress)
+            lambda: results.is_file() and results.stat().st_size >= 2000,
+            [tmp_path / "reports"],
+            what="parity run --suite routing writing its first rows",
+            alive=lambda: child.poll() is None,
+        )
+        assert reached, child.communicate()
         info = read_run_info(run_dir)
         assert info["status"] == "running" and info["pid"] == child.pid
         child.send_signal(signal.SIGINT)
-        out, err = child.communicate(timeout=120)
+        out, err = communicate_watched(child)
     finally:
         if child.poll() is None:
             child.kill()

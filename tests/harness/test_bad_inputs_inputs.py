@@ -113,7 +113,7 @@ def parity_run_process(*args: str, cases: Callable[[Path], Path] | None = None) 
     def run(tmp_path: Path) -> Outcome:
         env = {"PARITY_CASES_DIR": str(cases(tmp_path))} if cases else {}
         command = ["run", "--report-dir", str(tmp_path / "reports"), "--suite", "selfcheck", *args]
-        outcome = process(run_parity([a if a != "{tmp}" else str(tmp_path) for a in command], timeout=300, **env))
+        outcome = process(run_parity([a if a != "{tmp}" else str(tmp_path) for a in command], **env))
         left = list((tmp_path / "reports").iterdir()) if (tmp_path / "reports").is_dir() else []
         outcome.output += "".join(f"\nleft a run directory: {p}" for p in left if p.is_dir())
         return outcome

@@ -12,7 +12,15 @@ import pytest
 
 from parity.cli import main
 from parity.report import COLUMNS, read_results
-from tests.support.helpers import PROJECT_ROOT, plugin_args, run_parity, run_pytest, run_pytest_in_pytester, subprocess_env
+from tests.support.helpers import (
+    PROJECT_ROOT,
+    plugin_args,
+    run_command,
+    run_parity,
+    run_pytest,
+    run_pytest_in_pytester,
+    subprocess_env,
+)
 
 
 def _only_run_dir(report_dir: Path) -> Path:
@@ -356,13 +364,10 @@ def test_a_default_kernel_compile_after_a_native_one_needs_its_own_inductor_cach
 
     def pytest_in(folder: Path, **extra: str) -> subprocess.CompletedProcess:
         plugin = [*plugin_args(), "--parity-report-dir", str(folder / "out")] if folder == with_plugin else ["-p", "no:parity"]
-        return subprocess.run(
+        return run_command(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(folder), *plugin],
             cwd=folder,
             env={**base, **extra},
-            capture_output=True,
-            text=True,
-            timeout=600,
         )
 
     native = pytest_in(with_plugin)

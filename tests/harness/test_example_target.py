@@ -26,7 +26,7 @@ AR_SUITES = "parity/suites/ar"
 
 def _run(tmp: Path, target: str, *selection: str) -> tuple[int, str, pd.DataFrame]:
     args = [*selection, "-m", "cpu", "-q", "--parity-target", target, "--parity-report-dir", str(tmp), "--parity-run-id", "r"]
-    result = run_pytest(args, cwd=PROJECT_ROOT, timeout=900)
+    result = run_pytest(args, cwd=PROJECT_ROOT)
     return result.returncode, result.stdout + result.stderr, read_results(tmp / "r")
 
 

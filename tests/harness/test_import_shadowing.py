@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from parity import import_check
-from tests.support.helpers import OUTER_SESSION_ENV, PROJECT_ROOT
+from tests.support.helpers import OUTER_SESSION_ENV, PROJECT_ROOT, run_command
 
 
 def test_the_installed_package_is_not_reported() -> None:
@@ -68,7 +68,7 @@ def test_every_entry_point_names_the_shadowing_directory(
     shadowed: tuple[Path, dict[str, str]], args: list[str], code: int, prefix: str
 ) -> None:
     tmp_path, env = shadowed
-    result = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = run_command([sys.executable, *args], cwd=tmp_path, env=env)
     output = result.stdout + result.stderr
     assert result.returncode == code, output
     expected = (

@@ -18,7 +18,6 @@ import errno
 import os
 import resource
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from parity.cli import main
 from parity.plugin import resume as resume_module
 from parity.plugin.session import SignalWatch
 from parity.report import RESULTS_FILE, ReportWriter, read_results, read_run_info, write_run_info
-from tests.support.helpers import PROJECT_ROOT, default_signals, run_pytest_here, subprocess_env
+from tests.support.helpers import PROJECT_ROOT, default_signals, run_command, run_pytest_here, subprocess_env
 from tests.support.interrupt_plugin import SignalledRun, signal_run
 
 pytestmark = pytest.mark.parity_cpu
@@ -122,15 +121,7 @@ def _file_size_limit() -> None:
 def test_a_file_size_limit_makes_a_real_run_incomplete_and_says_so(tmp_path: Path) -> None:
     run_dir = tmp_path / "reports" / "limited"
     command = ["-m", "parity", "run", "--suite", "selfcheck", "--report-dir", str(tmp_path / "reports"), "--run-id", "limited"]
-    result = subprocess.run(
-        [sys.executable, *command],
-        cwd=PROJECT_ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=_file_size_limit,
-    )
+    result = run_command([sys.executable, *command], cwd=PROJECT_ROOT, env=subprocess_env(), preexec_fn=_file_size_limit)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     info = read_run_info(run_dir)

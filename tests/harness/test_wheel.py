@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from parity.report import read_results
-from tests.support.helpers import PROJECT_ROOT
+from tests.support.helpers import PROJECT_ROOT, run_command
 
 pytestmark = pytest.mark.parity_slow
 
 
-def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return run_command(args, cwd=cwd, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ def test_options_reach_every_worker(equals: bool, where: str, tmp_path: Path) ->
         other = tmp_path / "other"
         other.mkdir()
         args, cwd = [str(PROJECT_ROOT / "parity" / "suites" / "selfcheck"), "-n", "2", *_spelled(options, equals)], other
-    result = run_pytest(args, cwd=cwd, timeout=600)
+    result = run_pytest(args, cwd=cwd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = read_results(out / "xdist-run")
     assert len(rows) >= 10 and set(rows["suite"]) == {"selfcheck"}

@@ -7,7 +7,6 @@ CUDA state (docs/capture-and-compile.md §1).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from reference_models.ar.config import ar_config
 from reference_models.checkpoints import random_state_dict
 from serving_models.ar.adapter import ServingARAdapter
 from tests.support.ar_support import GEN_LAST, SEED, START
+from tests.support.helpers import run_command
 from tests.support.noise_checks import assert_same_greedy
 
 pytestmark = pytest.mark.parity_gpu
@@ -99,7 +99,7 @@ def test_cuda_capture_without_mask_fails_closed() -> None:
         """
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    result = run_command([sys.executable, "-c", code], cwd=REPO, env=env)
     assert "RAISED: model.layers.2" in result.stdout, result.stdout + result.stderr
     assert "enforce_eager" in result.stdout and "PIECEWISE is not a workaround" in result.stdout
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 from parity.suites.sensitivity.catalogue import all_mutants, markdown
-from tests.support.helpers import PROJECT_ROOT
+from tests.support.helpers import PROJECT_ROOT, run_command
 
 DOC = PROJECT_ROOT / "docs" / "mutants.md"
 REGENERATE = "python -m parity.suites.sensitivity.catalogue --markdown > docs/mutants.md"
@@ -41,12 +40,6 @@ def test_a_new_entry_makes_the_committed_page_stale() -> None:
 
 
 def test_the_module_prints_the_page() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "parity.suites.sensitivity.catalogue", "--markdown"],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_command([sys.executable, "-m", "parity.suites.sensitivity.catalogue", "--markdown"], cwd=PROJECT_ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout == markdown()

@@ -23,6 +23,7 @@ import pytest
 
 from parity.report.page import PAGE_FILE
 from tests.report.test_review_page import PageParser
+from tests.support.helpers import run_command
 from tests.support.shared_run import SharedRun, copy_run
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -55,7 +56,7 @@ pytestmark = pytest.mark.skipif(
 
 def chromium(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
     command = [chromium_binary(), *FLAGS, f"--user-data-dir={profile}", *args, page.resolve().as_uri()]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    result = run_command(command)
     assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-3000:]}"
     return result
 

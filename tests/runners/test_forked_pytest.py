@@ -1,4 +1,7 @@
-"""The fork server behind the sensitivity suite: isolated sessions, exit codes, logs, timeouts."""
+"""The fork server behind the sensitivity suite: isolated sessions, exit codes, logs, stalls.
+
+Every server here stops a session that makes no progress for the stall limit
+(`parity.observe.progress.stall_limit`): the waits below have no time limit of their own."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from parity.observe.progress import stall_limit, wait_for
 from parity.suites.sensitivity.sessions import ForkServerError, PytestForkServer
 
 PATCHING_TEST = """
@@ -25,7 +29,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     (root / "test_red.py").write_text("def test_red():\n    assert 1 == 2\n")
     (root / "test_slow.py").write_text("import time\ndef test_slow():\n    time.sleep(30)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    with PytestForkServer(cwd=root, env=env, preload=("json",), jobs=3) as server:
+    with PytestForkServer(cwd=root, env=env, preload=("json",), jobs=3, stall=stall_limit()) as server:
         server.root = root
         yield server
 
@@ -44,8 +48,10 @@ def test_each_session_is_isolated_and_reports_its_exit_code(server, tmp_path: Pa
 
 
 @pytest.mark.parity_slow  # a fresh process or an Inductor compile: seconds (the fast loop leaves it out)
-def test_a_session_past_its_timeout_is_killed(server, tmp_path: Path) -> None:
-    assert server.run(_args("test_slow.py"), tmp_path / "slow.log", timeout=1.0) == 124
+def test_a_session_that_stalls_is_killed(server, tmp_path: Path) -> None:
+    """A session that writes nothing for the stall limit is killed and answered 124 (one that
+    keeps writing runs on: tests/harness/test_stall_guard.py shows both on plain children)."""
+    assert server.run(_args("test_slow.py"), tmp_path / "slow.log", stall=1.0) == 124
     assert server.run(_args("test_patch.py"), tmp_path / "after.log") == 0  # the server carries on
 
 
@@ -54,9 +60,7 @@ import pathlib, time
 def test_meet():
     here, other = pathlib.Path("{me}.here"), pathlib.Path("{other}.here")
     here.touch()
-    deadline = time.monotonic() + 120
-    while not other.exists():
-        assert time.monotonic() < deadline, "the other session never ran beside this one"
+    while not other.exists():  # a session that never meets the other is stopped as stalled (124)
         time.sleep(0.05)
 """
 
@@ -69,28 +73,25 @@ def test_sessions_run_at_once_and_answer_in_any_order(server, tmp_path: Path) ->
         (server.root / f"test_meet_{me}.py").write_text(MEET.format(me=me, other=other))
     held = server.submit(_args("test_meet_late.py"), tmp_path / "late.log")  # waits for release.here
     pair = [server.submit(_args(f"test_meet_{me}.py"), tmp_path / f"{me}.log") for me in ("a", "b")]
-    assert [future.result(timeout=300) for future in pair] == [0, 0], (tmp_path / "a.log").read_text()
+    assert [future.result() for future in pair] == [0, 0], (tmp_path / "a.log").read_text()
     assert not held.done()  # answered out of order: the later sessions ended first
     (server.root / "release.here").touch()
-    assert held.result(timeout=300) == 0
+    assert held.result() == 0
 
 
 STARTED_THEN_WAITS = """
 import os, pathlib, time
 def test_wait():
     pathlib.Path("{name}.pid").write_text(str(os.getpid()))
-    deadline = time.monotonic() + 120
-    while not pathlib.Path("{name}.release").exists():
-        assert time.monotonic() < deadline
+    while not pathlib.Path("{name}.release").exists():  # stopped as stalled if never released
         time.sleep(0.05)
 """
 
 
-def _wait_for(path: Path, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
+def _wait_for(path: Path) -> None:
+    """Until a session writes `path`; a session that hangs first is stopped by the server's stall
+    guard, and `wait_for` itself stops when nothing in the directory changes for the limit."""
+    wait_for(path.exists, [path.parent], what=f"a session writing {path.name}")
 
 
 @pytest.fixture
@@ -98,7 +99,7 @@ def one_job(tmp_path: Path):
     for name in ("held", "other"):
         (tmp_path / f"test_{name}.py").write_text(STARTED_THEN_WAITS.format(name=name))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    with PytestForkServer(cwd=tmp_path, env=env, preload=("json",), jobs=1) as server:
+    with PytestForkServer(cwd=tmp_path, env=env, preload=("json",), jobs=1, stall=stall_limit()) as server:
         yield server, tmp_path
 
 
@@ -115,10 +116,10 @@ def test_jobs_limit_queues_requests_until_set_jobs(one_job) -> None:
     server.set_jobs(2)
     _wait_for(root / "other.pid")
     (root / "other.release").touch()
-    assert other.result(timeout=120) == 0
+    assert other.result() == 0
     assert not held.done()
     (root / "held.release").touch()
-    assert held.result(timeout=120) == 0
+    assert held.result() == 0
 
 
 def test_closing_the_server_kills_running_sessions_and_drops_queued_ones(one_job) -> None:
@@ -132,7 +133,7 @@ def test_closing_the_server_kills_running_sessions_and_drops_queued_ones(one_job
         os.kill(int((root / "held.pid").read_text()), 0)
     for future in (held, queued):
         with pytest.raises(ForkServerError):
-            future.result(timeout=10)
+            future.result()  # failed when the server closed
     assert not (root / "other.log").exists()
 
 
@@ -161,7 +162,7 @@ def test_a_batch_runs_its_sessions_in_one_process_each_isolated(tmp_path: Path) 
         for name in ("test_pid.py", "test_watched_1.py", "test_watched_2.py", "test_pid.py")
     ]
     isolation = "parity.suites.sensitivity.isolation:isolated_session"
-    with PytestForkServer(cwd=tmp_path, env=env, preload=("parity.compare.verdict",), jobs=1) as server:
-        assert server.submit_batch(sessions, isolation=isolation).result(timeout=300) == [0, 0, 0, 0]
+    with PytestForkServer(cwd=tmp_path, env=env, preload=("parity.compare.verdict",), jobs=1, stall=stall_limit()) as server:
+        assert server.submit_batch(sessions, isolation=isolation).result() == [0, 0, 0, 0]
         assert len(list(tmp_path.glob("pid-*"))) == 1, "the batch's sessions ran in one process"
-        assert server.submit_batch(sessions[1:3]).result(timeout=300) == [0, 1], (tmp_path / "test_watched_2.py.log").read_text()
+        assert server.submit_batch(sessions[1:3]).result() == [0, 1], (tmp_path / "test_watched_2.py.log").read_text()

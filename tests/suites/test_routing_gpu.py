@@ -3,7 +3,6 @@ and parity with the reference on the same device. Skipped without CUDA."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch
 
 import serving_models.routing.router as serving_routing
 from reference_models.routing import router as reference_routing
+from tests.support.helpers import run_command
 from tests.support.noise_checks import routing_tie_flips
 
 pytestmark = pytest.mark.parity_gpu
@@ -133,5 +133,5 @@ HOST_READ_CAPTURE = textwrap.dedent(
 def test_host_read_count_fails_cuda_capture():
     # A fresh process: a failed capture poisons the CUDA context (docs/capture-and-compile.md §1).
     repo_root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", HOST_READ_CAPTURE], cwd=repo_root, capture_output=True, text=True, timeout=300)
+    done = run_command([sys.executable, "-c", HOST_READ_CAPTURE], cwd=repo_root)
     assert "CAPTURE_FAILED" in done.stdout, done.stdout + done.stderr

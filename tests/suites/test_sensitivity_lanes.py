@@ -14,7 +14,7 @@ import pytest
 from parity.report import mutation_score, read_results
 from parity.suites.sensitivity import catalogue
 from parity.suites.sensitivity.catalogue import LANES, NotApplicable, all_mutants
-from tests.support.helpers import PROJECT_ROOT, run_pytest, subprocess_env
+from tests.support.helpers import PROJECT_ROOT, run_command, run_pytest, subprocess_env
 
 OTHER_LANE_GRAPH_MODE = {"cpu": "cuda_graph", "cuda": "cpu_graph"}
 
@@ -93,16 +93,12 @@ SAME_NAME_MODULE = "def test_compiled():\n    pass\n\n\ndef test_eager():\n    p
 
 
 def _collected(tmp_path: Path, *args: str) -> set[str]:
-    import subprocess
     import sys
 
-    result = subprocess.run(
+    result = run_command(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:parity", *args],
         cwd=tmp_path,
         env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return {line for line in result.stdout.splitlines() if "::" in line}

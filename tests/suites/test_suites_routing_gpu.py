@@ -43,7 +43,6 @@ def run_on_cuda(tmp_path: Path, target: str, selection: str) -> tuple[int, pd.Da
             "run",
         ],
         cwd=PROJECT_ROOT,
-        timeout=900,
     )
     csv = tmp_path / "run" / "results.csv"
     frame = pd.read_csv(csv, dtype=str, keep_default_na=False) if csv.exists() else pd.DataFrame()

@@ -11,8 +11,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,16 +45,18 @@ def default_signals() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
-def run(args: list[str], *, cwd: Path = PROJECT_ROOT, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        env=subprocess_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        preexec_fn=default_signals,
-    )
+def run(args: list[str], *, cwd: Path = PROJECT_ROOT, watch: Iterable[Path] = (), **env: str) -> subprocess.CompletedProcess:
+    """`python ARGS` in a fresh process, its output captured. No time limit: the child is stopped
+    when it makes no progress (no new output, nothing new under `watch`) for $PARITY_STALL_S
+    seconds (`parity.observe.progress`), so a loaded machine makes it slow, never red."""
+    return run_command([sys.executable, *args], cwd=cwd, env=subprocess_env(**env), watch=watch, preexec_fn=default_signals)
+
+
+def run_command(args: list[str], *, watch: Iterable[Path] = (), **popen: Any) -> subprocess.CompletedProcess:
+    """Any command, captured, under the same stall guard as `run` (in place of a fixed timeout)."""
+    from parity.observe.progress import run_watched
+
+    return run_watched(args, watch=watch, **popen)
 
 
 def plugin_args() -> list[str]:

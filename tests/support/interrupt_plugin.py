@@ -5,9 +5,10 @@ of a second.
 Environment:
   PARITY_TEST_PAUSE_DIR     where the markers go (without it the plugin does nothing)
   PARITY_TEST_PAUSE_AFTER   pause after this many tests: `paused` is written, then the test waits
-                            (up to 120 s) for a signal
-  PARITY_TEST_HOLD_FINISH   1: when the session finishes, write `finishing` and wait for `go` (a
-                            second signal lands while the run's end is being recorded)
+                            for a signal
+  PARITY_TEST_HOLD_FINISH   1: when the session finishes, write `finishing` and wait for `go` and
+                            for parity's signal watch to have handled the next signal (a second
+                            signal lands while the run's end is being recorded)
   PARITY_TEST_BREAK         a broken variant of the harness, to show the tests catch it:
                             `hup-unhandled` (SIGHUP left to its default: the process dies),
                             `every-signal-raises` (a repeated signal raises again, as before)
@@ -38,9 +39,10 @@ def _marker(name: str) -> Path:
     return Path(PAUSE_DIR) / name
 
 
-def _wait_for(name: str, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not _marker(name).exists():
+def _wait_for(name: str) -> None:
+    """Wait for the test's marker; no time limit of its own (the test's stall guard ends a run
+    that hangs here: parity.observe.progress)."""
+    while not _marker(name).exists():
         time.sleep(0.02)
 
 
@@ -72,14 +74,20 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     _tests_done += 1
     if PAUSE_DIR and _tests_done == PAUSE_AFTER:
         _marker("paused").write_text(str(os.getpid()))
-        _wait_for("never", 120)  # the signal ends this wait with a KeyboardInterrupt
+        _wait_for("never")  # the signal ends this wait with a KeyboardInterrupt
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if PAUSE_DIR and HOLD_FINISH:
+        from parity.plugin.session import SignalWatch
+
+        watch = None if BREAK else SignalWatch.active()  # a broken variant replaced its handlers
+        before = watch.repeats if watch is not None else 0
         _marker("finishing").write_text("")
-        _wait_for("go", 60)
+        _wait_for("go")  # the test sent the next signal before it wrote `go`
+        while watch is not None and watch.repeats == before:  # handled, not only sent: no race with the clock
+            time.sleep(0.02)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,18 +102,19 @@ class SignalledRun:
     run_dir: Path
 
 
-def _wait(path: Path, child: subprocess.Popen[str], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not path.exists() and child.poll() is None:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"parity run never reached {path.name} in {seconds:g} s")
-        time.sleep(0.02)
+def _wait(path: Path, child: subprocess.Popen[str], watch: Path) -> None:
+    """Until the run writes `path` (or ends); stopped when nothing under `watch` changes for the
+    stall limit (parity.observe.progress), never after a fixed time."""
+    from parity.observe.progress import wait_for
+
+    wait_for(path.exists, [watch], what=f"parity run reaching {path.name}", alive=lambda: child.poll() is None)
 
 
 def signal_run(tmp_path: Path, *names: str, pause_after: int = 5, broken: str = "", run_id: str = "signalled") -> SignalledRun:
     """`parity run --suite selfcheck` with this plugin, sent the signals `names` (SIGTERM, ...): the
     first while it pauses after `pause_after` tests, each further one while its session finishes
     (a second Ctrl-C while the run's end is recorded). `broken`: PARITY_TEST_BREAK."""
+    from parity.observe.progress import communicate_watched
     from tests.support.helpers import PROJECT_ROOT, default_signals, subprocess_env
 
     pause = tmp_path / "pause"
@@ -125,14 +134,13 @@ def signal_run(tmp_path: Path, *names: str, pause_after: int = 5, broken: str = 
         preexec_fn=default_signals,
     )
     try:
-        _wait(pause / "paused", child, 120)
+        _wait(pause / "paused", child, tmp_path)
         child.send_signal(getattr(signal, names[0]))
         for name in names[1:]:
-            _wait(pause / "finishing", child, 60)
+            _wait(pause / "finishing", child, tmp_path)
             child.send_signal(getattr(signal, name))
-            time.sleep(0.5)  # the handler runs at once; the session then goes on
-            (pause / "go").write_text("")
-        output, _ = child.communicate(timeout=120)
+            (pause / "go").write_text("")  # the session goes on once the signal is handled
+        output, _ = communicate_watched(child, watch=[tmp_path])
     finally:
         if child.poll() is None:
             child.kill()

@@ -14,7 +14,11 @@ checks) read one run per configuration instead of each making their own:
   (`tests/conftest.py`), so they run beside the other tests, and the tests reading them run last;
 * a run that satisfies a larger request satisfies a smaller one: a test that needs every suite but
   sensitivity reads the full lane run when this session makes it, and makes the smaller run only
-  when no full one is coming (the machine-sensitive tests under a second kernel set, `.ci/run`).
+  when no full one is coming (the machine-sensitive tests under a second kernel set, `.ci/run`);
+* a run has no time limit: it is stopped when nothing it writes (its output, its rows, its pytest
+  temporary directory, where the mutant catalogue's sessions write) has changed for
+  $PARITY_STALL_S seconds (`parity.observe.progress`; docs/cli.md §9), so a loaded machine makes it
+  slow, never killed.
 
 Tests change copies of a run (`copy_run`), never the run itself.
 """
@@ -36,6 +40,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from parity.observe.progress import Stalled, wait_watched
 from parity.report import CONTEXT_COLUMNS, RESULTS_FILE, ReportWriter
 from tests.support.helpers import PROJECT_ROOT, default_signals, subprocess_env
 
@@ -55,7 +60,7 @@ ALL_SUITES = (
     "routing",
     "sensitivity",
 )
-RUN_TIMEOUT_S = 1800
+WATCH_POLL_S = 5.0  # how often a shared run's directory is walked for progress (it holds thousands of files)
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "PARITY_CPU_THREADS")
 
 
@@ -164,10 +169,11 @@ class SharedRuns:
             (base / "started").write_text(str(os.getpid()))
             log = open(base / "parity-run.log", "w")  # noqa: SIM115 - closed by the waiting thread
             command = [sys.executable, "-m", "parity", "run", "--report-dir", str(base / "reports"), "--run-id", "run"]
+            (base / "tmp").mkdir(exist_ok=True)
             process = subprocess.Popen(
-                command + spec.args(),
+                [*command, *spec.args()],
                 cwd=PROJECT_ROOT,
-                env=subprocess_env(),
+                env=subprocess_env(PYTEST_DEBUG_TEMPROOT=str(base / "tmp")),  # its sessions' temporary files, watched too
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=default_signals,
@@ -175,11 +181,10 @@ class SharedRuns:
 
         def finish() -> None:
             try:
-                code = process.wait(timeout=RUN_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                code = process.wait()
-                log.write(f"\nshared run killed after {RUN_TIMEOUT_S} s\n")
+                code = wait_watched(process, [base], poll_s=WATCH_POLL_S)
+            except Stalled as stalled:
+                code = process.returncode
+                log.write(f"\nshared run stopped: {stalled}\n")
             log.close()
             (base / "exit-code").write_text(str(code))
 
@@ -194,10 +199,9 @@ class SharedRuns:
             self.start(spec)
             chosen = spec
         base = self._dir(chosen)
-        deadline = time.monotonic() + RUN_TIMEOUT_S + 60
-        while not (base / "exit-code").exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the shared run {chosen.name} did not finish in {RUN_TIMEOUT_S} s ({base})")
+        while not (base / "exit-code").exists():  # the starting process writes it, also for a run stopped as stalled
+            if not _alive(int((base / "started").read_text() or 0)) and not (base / "exit-code").exists():
+                raise RuntimeError(f"the process that started the shared run {chosen.name} ended without its exit code ({base})")
             time.sleep(0.5)
         stdout = (base / "parity-run.log").read_text(errors="replace")
         code = int((base / "exit-code").read_text())
@@ -207,6 +211,16 @@ class SharedRuns:
         """Wait for the runs this process started (a run never outlives the session that made it)."""
         for thread in self._threads:
             thread.join()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
 
 
 def shared_root(basetemp: Path) -> Path:

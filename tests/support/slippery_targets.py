@@ -136,3 +136,39 @@ def router_named_ids_first() -> WithRouter:
 
 def router_dataclass() -> WithRouter:
     return router_form("dataclass_result")
+
+
+def forks() -> Any:
+    """A factory that forks the process with a plain `os.fork`: both copies return the target. The
+    copy's pid goes to $PARITY_TEST_FORK_PIDS when set (a test checks it is left running nowhere)."""
+    copy = os.fork()
+    if copy and os.environ.get("PARITY_TEST_FORK_PIDS"):
+        with open(os.environ["PARITY_TEST_FORK_PIDS"], "a") as pids:
+            pids.write(f"{copy}\n")
+    return make_serving()
+
+
+def signals_parent() -> Any:
+    """A factory that sends SIGTERM to the process that started it."""
+    import signal
+
+    os.kill(os.getppid(), signal.SIGTERM)
+    return make_serving()
+
+
+def spawns_a_worker() -> Any:
+    """A factory that starts an engine worker the way engines do (multiprocessing, fork start
+    method): a process of its own that never returns into the caller. Not a copy of the harness."""
+    import multiprocessing
+
+    worker = multiprocessing.get_context("fork").Process(target=STOP.wait, args=(0.1,), daemon=True)
+    worker.start()
+    worker.join()
+    return make_serving()
+
+
+def router_attribute() -> WithRouter:
+    """`router` set to the router adapter itself, not a method returning it."""
+    target = WithRouter("router-attribute", lambda: None)
+    target.router = make_serving().router()
+    return target

@@ -11,7 +11,6 @@ factory the constructor installs must seed the mask.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -20,6 +19,7 @@ import torch
 from parity.compare import AT_LEAST, EXACTLY, count_rule, diff, flag_rule, threshold_rule
 from parity.contract import REFUSAL_PHRASES, requirement
 from parity.env import PROJECT_ROOT
+from parity.observe.progress import run_watched
 from parity.runners import CaptureError, make_runner
 from parity.suites.ar import fail_closed_cases
 from parity.suites.ar.support import PROMPTS, TOL, moe_taps, observe_expert_use, record_policy_not_applicable
@@ -123,7 +123,7 @@ def test_missing_probe_warning_fires_exactly_once(ar_models, report, settings, t
         return
     _child_env(monkeypatch, settings, "cpu")
     code = "from parity.suites.ar.fail_closed_cases import count_missing_probe_warnings as c; print('WARNINGS', *c(25))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    done = run_watched([sys.executable, "-c", code], cwd=PROJECT_ROOT)  # stopped only when it stalls (docs/cli.md §9)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("WARNINGS ")]
     if not lines:
         raise RuntimeError(f"probe-warning child exited {done.returncode} without a count: {done.stderr[-2000:]}")

@@ -32,6 +32,7 @@ import pandas as pd
 import pytest
 
 from parity.env import PROJECT_ROOT
+from parity.observe.progress import stall_limit
 from parity.plugin.options import plugin_load_args
 from parity.report import read_results
 from parity.suites.sensitivity.catalogue import Kill, NotApplicable, all_mutants, lane_of
@@ -53,7 +54,6 @@ SEED_INDEPENDENT = (
     ("parity/suites/ar/test_fail_closed_capture.py", "missing_probe"),
 )
 SEED_INDEPENDENT_FILES = tuple(file for file, expression in SEED_INDEPENDENT if expression is None)
-CHILD_TIMEOUT_S = 900
 # The suites' own modules as well: each child then starts with its collection imports done, and
 # every module a mutant may patch is loaded before the first snapshot (`isolation.preload`).
 PRELOAD = (
@@ -218,7 +218,8 @@ class ChildSessions:
         future = self.server.submit_batch(
             [(self.argv(s.args, s.kill, s.out), s.out / "child.log") for s in sessions],
             isolation=ISOLATION,
-            timeout=CHILD_TIMEOUT_S * len(sessions),
+            stall=stall_limit(),  # no time limit: stopped when its sessions stop writing (docs/cli.md §9)
+            watch=[s.out for s in sessions],
         )
         for index, session in enumerate(sessions):
             self.started[session.key] = (future, index, session.out)

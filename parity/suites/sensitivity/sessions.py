@@ -29,11 +29,12 @@ ignores SIGINT (a terminal's Ctrl-C reaches the whole process group): each child
 pytest interrupt, and the caller's teardown closes the server.
 
 Protocol: one JSON object per line on the server's stdin (`{"id": n, "batch": [{"args": [...],
-"log": path}, ...], "isolation": "module:function" or null, "codes": path, "timeout": s}`), one per
-line on its stdout when that child ends (`{"id": n, "codes": [exit code per session]}`: a session
-the child never finished answers the child's own exit status, 124 after a timeout); the child
-writes each session's code to the `codes` file as it ends. EOF stops the server once its children
-have ended.
+"log": path}, ...], "isolation": "module:function" or null, "codes": path, "stall": s, "watch":
+[path, ...]}`), one per line on its stdout when that child ends (`{"id": n, "codes": [exit code per
+session]}`: a session the child never finished answers the child's own exit status, 124 when it
+was stopped as stalled); the child writes each session's code to the `codes` file as it ends. A
+child has no time limit: it is stopped when nothing under `watch` (by default the batch's logs)
+has changed for `stall` seconds (docs/cli.md §9). EOF stops the server once its children have ended.
 """
 
 from __future__ import annotations
@@ -70,10 +71,13 @@ class PytestForkServer:
         env: Mapping[str, str] | None = None,
         preload: Sequence[str] = DEFAULT_PRELOAD,
         jobs: int = 1,
+        stall: float | None = None,
     ) -> None:
-        """`jobs`: how many children run at once; further requests wait in the server, in order."""
+        """`jobs`: how many children run at once; further requests wait in the server, in order.
+        `stall`: the stall limit of a request that names none (None: such a child is never stopped)."""
         self.cwd = Path(cwd)
         self.jobs = jobs
+        self.stall = stall
         self._process = subprocess.Popen(
             [sys.executable, "-m", __name__, f"--jobs={jobs}", *preload],
             cwd=self.cwd,
@@ -111,9 +115,9 @@ class PytestForkServer:
         for future in pending:
             future.set_exception(error)
 
-    def submit(self, args: Sequence[str], log: str | Path, *, timeout: float | None = None) -> concurrent.futures.Future[int]:
+    def submit(self, args: Sequence[str], log: str | Path, *, stall: float | None = None) -> concurrent.futures.Future[int]:
         """Start `pytest args` in a forked child (stdout and stderr to `log`); the future gives its exit code."""
-        batch = self.submit_batch([(args, log)], timeout=timeout)
+        batch = self.submit_batch([(args, log)], stall=stall)
         single: concurrent.futures.Future[int] = concurrent.futures.Future()
 
         def settle(done: concurrent.futures.Future[list[int]]) -> None:
@@ -131,11 +135,13 @@ class PytestForkServer:
         sessions: Sequence[tuple[Sequence[str], str | Path]],
         *,
         isolation: str | None = None,
-        timeout: float | None = None,
+        stall: float | None = None,
+        watch: Sequence[str | Path] = (),
     ) -> concurrent.futures.Future[list[int]]:
         """Run each `(pytest args, log)` in turn in one forked child, `isolation` (a context manager
-        factory, `module:function`) around each; the future gives their exit codes in order.
-        `timeout` covers the whole batch."""
+        factory, `module:function`) around each; the future gives their exit codes in order. The
+        child is stopped (124) when nothing under `watch` (default: the logs) changed for `stall`
+        seconds; None: never."""
         process = self._process
         if process.poll() is not None:
             raise ForkServerError(f"the pytest fork server exited with code {process.returncode}")
@@ -152,7 +158,8 @@ class PytestForkServer:
             "batch": [{"args": [str(a) for a in args], "log": str(log)} for args, log in sessions],
             "isolation": isolation,
             "codes": str(first_log.with_name(first_log.name + ".codes")),
-            "timeout": timeout,
+            "stall": stall if stall is not None else self.stall,
+            "watch": [str(p) for p in watch] or [str(log) for _, log in sessions],
         }
         try:
             process.stdin.write(json.dumps(request) + "\n")
@@ -174,9 +181,9 @@ class PytestForkServer:
             raise ForkServerError(f"the pytest fork server is gone ({error})") from error
         self.jobs = jobs
 
-    def run(self, args: Sequence[str], log: str | Path, *, timeout: float | None = None) -> int:
+    def run(self, args: Sequence[str], log: str | Path, *, stall: float | None = None) -> int:
         """Run `pytest args` in a forked child; its stdout and stderr go to `log`. Returns the exit code."""
-        return self.submit(args, log, timeout=timeout).result()
+        return self.submit(args, log, stall=stall).result()
 
     def close(self) -> None:
         """Stop the server; sessions still running are killed and queued ones dropped (their
@@ -186,11 +193,11 @@ class PytestForkServer:
             assert process.stdin is not None
             process.stdin.close()
             try:
-                process.wait(timeout=30)
+                process.wait(timeout=30)  # it kills its children and returns; one that does not is killed
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        self._reader.join(timeout=5)
+        self._reader.join()  # ends at the server's end of output: every pending future has failed by then
 
     def __enter__(self) -> PytestForkServer:
         return self
@@ -265,11 +272,12 @@ def _answer(request: dict[str, Any], status: int) -> list[int]:
 def serve(preload: Sequence[str], jobs: int = 1) -> None:
     """The server loop: import (or call) `preload`, then fork one child per request line on stdin (at most
     `jobs` at once, the rest queued in order; a `{"jobs": n}` line changes the limit), answer each
-    when it ends (after `timeout` seconds it is killed and answered 124, like timeout(1)). At the
-    end of stdin it kills the children still running and returns."""
+    when it ends (stalled, it is killed and answered 124, like timeout(1)). At the end of stdin it
+    kills the children still running and returns."""
     import collections
     import selectors
-    import time
+
+    from parity.observe.progress import StallWatch
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in preload:  # `module` is imported; `module:function` is imported and called
@@ -282,7 +290,7 @@ def serve(preload: Sequence[str], jobs: int = 1) -> None:
     os.set_blocking(stdin, False)
     selector = selectors.DefaultSelector()
     selector.register(stdin, selectors.EVENT_READ)
-    running: dict[int, tuple[dict[str, Any], float | None]] = {}  # pid -> (request, deadline)
+    running: dict[int, tuple[dict[str, Any], StallWatch | None]] = {}  # pid -> (request, its stall guard)
     queued: collections.deque[dict] = collections.deque()
     buffered = b""
     while True:
@@ -309,13 +317,13 @@ def serve(preload: Sequence[str], jobs: int = 1) -> None:
             pid = os.fork()
             if pid == 0:
                 _run_child(request["batch"], request.get("isolation"), request["codes"])
-            timeout = request.get("timeout")
-            running[pid] = (request, None if timeout is None else time.monotonic() + timeout)
-        for pid, (request, deadline) in list(running.items()):
+            stall = request.get("stall")
+            running[pid] = (request, None if stall is None else StallWatch(float(stall), [*request["watch"], request["codes"]]))
+        for pid, (request, guard) in list(running.items()):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 code = os.waitstatus_to_exitcode(status)
-            elif deadline is not None and time.monotonic() > deadline:
+            elif guard is not None and guard.stalled():
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 code = 124
