@@ -44,6 +44,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
+from parity.target import FAMILIES
+
 T = TypeVar("T")
 
 # The built-in cases: `parity/builtin_cases/` (in the repository a link to the top-level `cases/`,
@@ -516,7 +518,10 @@ _import_errors: dict[str, str] = {}  # case file name -> its one line, for files
 _extra_errors: dict[str, str] = {}  # the same for the extra directories of this session ("*": every file)
 # Which case files the tests of a suite directory read; a directory not listed reads them all
 # (the sensitivity suite runs every family's tests, the benchmarks build every family).
-SUITE_CASE_FILES = {"ar": "ar.toml", "dit": "dit.toml", "routing": "routing.toml", "selfcheck": "selfcheck.toml"}
+SUITE_CASE_FILES = {
+    **{key: family.case_file for key, family in FAMILIES.items() if family.case_file},
+    "selfcheck": "selfcheck.toml",
+}
 
 
 def defer_errors(enabled: bool = True) -> None:

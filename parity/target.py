@@ -120,8 +120,13 @@ class Family:
     suites: tuple[str, ...]
     probe: str
     loader: str = ""  # the member that loads it from a checkpoint directory (inspect-checkpoint calls it on both sides)
+    builder: str = ""  # the member that builds it from a config and a state dict (the conformance probe calls both)
     fixture: str = ""  # the suites' fixture that builds its models (its tests run together, in this order)
     title: str = ""  # its heading in the mutant catalogue (docs/mutants.md)
+    case_file: str = ""  # its case table under cases/, the one its suites' tests read
+    vocabulary: str = ""  # "module:attribute" of its stage vocabulary (docs/localise.md §2)
+    sites: tuple[str, ...] = ()  # the `site` values its per-site rows carry: "layer." a prefix, "logits" a name
+    plot_title: str = ""  # the review page's plot of those sites, one x axis (docs/reports.md)
 
 
 FAMILIES: dict[str, Family] = {
@@ -135,8 +140,13 @@ FAMILIES: dict[str, Family] = {
             ("expert_selection", "fail_closed_capture", "embedding_clamp", "numerics", "decode", "weight_coverage", "recompiles"),
             "parity.suites.ar.conformance:probe",
             loader="load_ar",
+            builder="build_ar",
             fixture="ar_models",
             title="AR backbone",
+            case_file="ar.toml",
+            vocabulary="parity.localise.families.ar:VOCABULARY",
+            sites=("layer.", "logits", "embed", "embeddings"),
+            plot_title="AR decoder: error by layer",
         ),
         Family(
             "dit",
@@ -146,8 +156,13 @@ FAMILIES: dict[str, Family] = {
             ("recompiles", "numerics", "image", "sampler"),
             "parity.suites.dit.conformance:probe",
             loader="load_dit",
+            builder="build_dit",
             fixture="dit_models",
             title="DiT (model, sampler, decoder)",
+            case_file="dit.toml",
+            vocabulary="parity.localise.families.dit:VOCABULARY",
+            sites=("block.", "velocity"),
+            plot_title="DiT: error by block",
         ),
         Family(
             "routing",
@@ -157,6 +172,8 @@ FAMILIES: dict[str, Family] = {
             ("routing",),
             "parity.suites.routing.conformance:probe",
             title="MoE routing",
+            case_file="routing.toml",
+            vocabulary="parity.localise.families.routing:VOCABULARY",
         ),
     )
 }

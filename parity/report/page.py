@@ -53,9 +53,8 @@ from parity.report.chains import (
     repro_file,
 )
 from parity.report.plots import (
-    AR_LAYERS,
-    DIT_BLOCKS,
     OTHER_SITES,
+    SITE_FAMILIES,
     decode_step_plot,
     divergence_plot,
     image_diff_plot,
@@ -651,7 +650,7 @@ def numerics_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
         families.setdefault(site_family(site), []).append(site)
     if not families:
         body.append(note("no per-site rows (site column empty): nothing to plot by layer"))
-    for family in (AR_LAYERS, DIT_BLOCKS, OTHER_SITES):
+    for family in (*SITE_FAMILIES, OTHER_SITES):
         if family not in families:
             continue
         family_rows = sited[sited["site"].isin(families[family])]

@@ -18,6 +18,8 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from parity.target import FAMILIES
+
 _INDEXED_SITE = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)$")
 # Sites that close a model's forward pass: drawn after its layers / blocks.
 _FINAL_SITES = ("logits", "velocity")
@@ -29,18 +31,18 @@ class SiteFamily:
 
     key: str
     title: str
+    sites: tuple[str, ...] = ()  # "layer." a prefix, "logits" a name (`parity.target.Family.sites`)
 
 
-AR_LAYERS = SiteFamily("ar", "AR decoder: error by layer")
-DIT_BLOCKS = SiteFamily("dit", "DiT: error by block")
+# The model families' per-site plots, in the order of `FAMILIES`.
+SITE_FAMILIES = tuple(SiteFamily(f.key, f.plot_title, f.sites) for f in FAMILIES.values() if f.sites)
 OTHER_SITES = SiteFamily("other", "other sites")
 
 
 def site_family(site: str) -> SiteFamily:
-    if site.startswith("layer.") or site in ("logits", "embed", "embeddings"):
-        return AR_LAYERS
-    if site.startswith("block.") or site == "velocity":
-        return DIT_BLOCKS
+    for family in SITE_FAMILIES:
+        if any(site.startswith(s) if s.endswith(".") else site == s for s in family.sites):
+            return family
     return OTHER_SITES
 
 

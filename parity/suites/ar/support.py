@@ -18,7 +18,9 @@ import torch
 
 from parity.cases import Count, NonNegative, Range, Steps, Table, load_case_file
 from parity.compare import NOT_APPLICABLE, Tolerance, Verdict, dtype_spacing, golden_noise_rule
+from parity.plugin.session import RunSession
 from parity.suites.device_memory import require_device_memory
+from parity.target import ARAdapter, Target
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.ar.config import ar_config, token_layout
 from reference_models.ar.model import MammothModa2ForCausalLM
@@ -202,7 +204,7 @@ class ARModels:
     """The target under test, the reference in the same dtype and the fp64 golden (the truth the
     numeric gates measure both against, in every dtype)."""
 
-    target: Any
+    target: ARAdapter
     reference: ReferenceARAdapter
     golden: ReferenceARAdapter
     config: Any
@@ -238,7 +240,7 @@ class ARModels:
         return self._forward_once("golden", ids)
 
 
-def build_ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
+def build_ar_models(settings: RunSession, target: Target, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
     """The target, the reference in the same dtype and the fp64 golden, from one seed."""
     device, dtype = torch.device(settings.device), settings.torch_dtype
     config = ar_config(settings.size)
