@@ -100,18 +100,17 @@ def takes_tp(factory: Callable[..., Any]) -> bool:
     return any(p.name == "tp" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-def load_target(spec: str) -> Any:
-    """`resolve_target` under its older name (the rank processes and fork children call it)."""
-    return resolve_target(spec)
-
-
 @dataclass(frozen=True)
 class Family:
     """A model family a target may provide: the members that provide it, what a report calls it,
     the suites that need it and its conformance probe ("module:function" of its suites' package:
-    the core imports no suite; docs/targets.md §2). Every registry of families reads this record:
-    check-target and the run's plan, the suites' ordering (`fixture`), the mutant catalogue's
-    groups (`title`), and, keyed by `key`, the model side's release layouts and checkpoint writers."""
+    the core imports no suite; docs/targets.md §2). Every list of families derives from this record:
+    check-target and the run's plan, the suites' ordering and model fixtures (`fixture`), the
+    conformance probes' loaders (`loader`, `builder`), the mutant catalogue's groups (`title`), the
+    case files (`case_file`), the stage vocabularies (`vocabulary`), the review page's per-site
+    plots (`sites`, `plot_title`) and make-checkpoint's kinds (`loader`); the model side's release
+    layouts and checkpoint makers and writers are keyed by `key` (tests/repo/test_families.py
+    holds every list to this record; CONTRIBUTING.md "Add a model family")."""
 
     key: str  # the directory of its suites under parity/suites/
     name: str  # short: the check-target lines
