@@ -218,20 +218,11 @@ def default_baseline_path(run_dir: str | Path, frame: pd.DataFrame, baseline_dir
     """`reports/baselines/<device kind>-<dtype>.csv` (of the working directory) for a run of the
     built-in target in `run_dir`; `<device kind>-<dtype>-<name>.csv` for any other target, keyed by
     the `name` the target declares (run.json), so renaming its adapter module keeps its baseline;
-    a run that recorded no name is keyed by its `--target` value (`spec_baseline_path`)."""
+    a run that recorded no name is keyed by its `--target` value."""
     config = run_config(frame, str(run_dir))
     info = read_run_info(Path(run_dir)) if Path(run_dir).is_dir() else {}
     key = target_name(info) or config["target"]
     return _baseline_path(config, info, key, baseline_dir)
-
-
-def spec_baseline_path(run_dir: str | Path, frame: pd.DataFrame, baseline_dir: Path = BASELINE_DIR) -> Path:
-    """Where parity kept the run's baseline before it keyed them by the target's name: the file
-    named from the `--target` value (`<device kind>-<dtype>-my_engine.parity_target-make_target.csv`).
-    `parity review` falls back to it, and says so (docs/reports.md "Migrating")."""
-    config = run_config(frame, str(run_dir))
-    info = read_run_info(Path(run_dir)) if Path(run_dir).is_dir() else {}
-    return _baseline_path(config, info, config["target"], baseline_dir)
 
 
 def _baseline_path(config: dict[str, str], info: dict[str, Any], key: str, baseline_dir: Path) -> Path:
