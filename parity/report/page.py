@@ -248,8 +248,6 @@ class Assets:
 
 
 REVIEW_MARKER = ".parity-review"  # in review/: the files the page wrote there, one name a line
-# Figure names the page drew before review/ carried its list (accepted once, then replaced).
-_LEGACY_FIGURE = re.compile(r"(numerics|image-diff)-[A-Za-z0-9_.-]+\.png")
 
 
 def check_review_dir(root: Path) -> None:
@@ -264,8 +262,8 @@ def check_review_dir(root: Path) -> None:
     entries = {p.name: p for p in root.iterdir()}
     marker = entries.pop(REVIEW_MARKER, None)
     regular = {name for name, p in entries.items() if p.is_file() and not p.is_symlink()}
-    if marker is None:  # written before the list: only the page's own figures
-        foreign = sorted(name for name in entries if name not in regular or not _LEGACY_FIGURE.fullmatch(name))
+    if marker is None:
+        foreign = sorted(entries)
     elif marker.is_symlink() or not marker.is_file():
         foreign = [REVIEW_MARKER]
     else:
@@ -671,11 +669,9 @@ def numerics_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
 # (value: steps whose tokens equal the reference's, threshold: the case's steps), `tokens` info
 # rows (site `reference` / `target`, detail `row R: t0 t1 ...; row R+1: ...`), per-bucket
 # teacher-forced rows (`teacher_forced.steps.A-B`, info `max_abs`) and `step_max_abs` (site
-# `teacher_forced`, the per-step values after the detail's last `: `). Runs written before the
-# `tokens` / `step_max_abs` rows have the buckets only: their plot is drawn per bucket.
+# `teacher_forced`, the per-step values after the detail's last `: `).
 MAX_DECODE_DETAILS = 12  # failing decode runs drawn in full; more are listed in the table
 _TOKEN_ROW = re.compile(r"row (?P<row>\d+): (?P<tokens>[-\d ]*)")
-_BUCKET_SITE = re.compile(r"^teacher_forced\.steps\.(?P<first>\d+)-(?P<last>\d+)$")
 
 
 def parse_tokens(detail: str) -> list[list[int]] | None:
@@ -751,23 +747,12 @@ class DecodeRun:
         return matched if matched is not None and steps is not None and matched < steps else None
 
     def step_errors(self) -> tuple[str, list[float]] | None:
-        """(label, per-step values): the `step_max_abs` row, else the teacher-forced buckets' max_abs
-        spread over their steps; None when the run has neither."""
+        """(label, per-step values) of the `step_max_abs` row; None when the run has none."""
         row = self._one("step_max_abs")
         values = parse_step_errors(row["detail"]) if row is not None else None
         if values:
             return "teacher-forced, largest |d| per step", values
-        buckets = []
-        for bucket in self.rows[(self.rows["metric"] == "max_abs")].itertuples(index=False):
-            match = _BUCKET_SITE.match(bucket.site)
-            if match and not pd.isna(bucket.value):
-                buckets.append((int(match["first"]), int(match["last"]), float(bucket.value)))
-        if not buckets:
-            return None
-        per_step = [math.nan] * (max(last for _, last, _ in buckets) + 1)
-        for first, last, value in buckets:
-            per_step[first : last + 1] = [value] * (last - first + 1)
-        return "teacher-forced, largest |d| per bucket of steps", per_step
+        return None
 
     @property
     def largest_step_diff(self) -> float:
