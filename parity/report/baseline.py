@@ -56,7 +56,6 @@ from parity.report.audit import audit_records, read_records
 from parity.report.rows import (
     CASE_KEYS,
     COLUMNS,
-    LATER_COLUMNS,
     NOT_PROVIDED,
     RESULTS_FILE,
     RUN_INFO_FILE,
@@ -142,7 +141,7 @@ def check_baseline_file(source: str | Path) -> None:
             f"baseline {records.path} line {records.torn[0]}: a record cut short ({len(records.torn)} in all); "
             "a baseline is never read in part: regenerate it"
         )
-    missing = [c for c in BASELINE_COLUMNS if c not in records.header and c not in LATER_COLUMNS]
+    missing = [c for c in BASELINE_COLUMNS if c not in records.header]
     if missing:
         return  # read_results says "not a parity results file" with the columns
     info = read_run_info(path) if path.is_dir() else {}
@@ -319,7 +318,7 @@ def check_baseline_target(path: str | Path) -> Path:
                 f"--write-baseline {path}: a run's results file (columns {', '.join(volatile)}), not a baseline; "
                 f"refusing to overwrite it, --force or not; {hint}"
             )
-        missing = [c for c in BASELINE_COLUMNS if c not in header and c not in LATER_COLUMNS]  # an older baseline is one
+        missing = [c for c in BASELINE_COLUMNS if c not in header]
         if missing:
             raise UnsafePathError(
                 f"--write-baseline {path}: exists and is not a parity baseline (no column {missing[0]}); "
@@ -406,14 +405,12 @@ def bound_change(old: float, new: float, better: str, kind: str = FIXED) -> str:
 
 
 def bound_kind(old: pd.Series | None, new: pd.Series | None) -> str:
-    """How the bound of a matched row was set: the run's own `bound` column, else the baseline's,
-    else `fixed` when there is a threshold (files written before the column)."""
+    """How the bound of a matched row was set: the run's own `bound` column, else the baseline's."""
     for row in (new, old):
         value = row.get("bound", "") if row is not None else ""
         if isinstance(value, str) and value:
             return value
-    has_threshold = any(row is not None and not pd.isna(row["threshold"]) for row in (new, old))
-    return FIXED if has_threshold else ""
+    return ""
 
 
 @dataclasses.dataclass
@@ -705,12 +702,11 @@ def not_compared(baseline: pd.DataFrame, current: pd.DataFrame) -> dict[str, pd.
     """Baseline rows the run cannot have, by reason (a mask over `baseline` each): the rows of a
     model family the run's target does not provide (its `family_not_provided` rows name them; the
     baseline's `family` column places each row), and, between tensor-parallel sizes, the mutant
-    catalogue's rows (the sensitivity suite runs the mutants of its own size: docs/mutants.md).
-    A baseline written before the `family` column leaves every family compared."""
+    catalogue's rows (the sensitivity suite runs the mutants of its own size: docs/mutants.md)."""
     reasons: dict[str, pd.Series] = {}
     not_provided = current[(current["metric"] == NOT_PROVIDED) & (current["verdict"] == SKIP)]
     families = sorted(set(not_provided["case"]))
-    if families and "family" in baseline.columns:
+    if families:
         mask = baseline["family"].isin(families)
         reasons[f"families this target does not provide ({', '.join(families)})"] = mask
     current_tp, baseline_tp = run_tp(current), run_tp(baseline)

@@ -382,26 +382,6 @@ def test_a_written_baseline_drops_volatile_columns_sorts_and_round_trips(suites_
     assert len(loaded) == len(frame)
 
 
-def test_a_baseline_written_before_the_later_columns_is_audited_and_replaced(suites_run: SharedRun, tmp_path: Path) -> None:
-    """A baseline without `tp` and `family` (written by 0.4) is still a baseline: it is read whole,
-    audited, and `--write-baseline` replaces it (an older parity's file is never 'not a baseline')."""
-    from parity.report.rows import LATER_COLUMNS
-
-    frame = read_results(suites_run.run_dir)
-    path = write_baseline(frame, tmp_path / "old.csv")
-    old = pd.read_csv(path, keep_default_na=False).drop(columns=["tp", "family"])
-    old.to_csv(path, index=False)
-    assert {"tp", "family"} <= set(LATER_COLUMNS)
-    assert compare_rows(load_rows(path, strict=True), frame).ok
-    tampered = old.copy()
-    gate = tampered.index[(tampered["kind"] == "gate") & (tampered["verdict"] == "pass") & (tampered["bound"] == "fixed")][0]
-    tampered.loc[gate, "verdict"] = "fail"  # a verdict its numbers contradict: the audit still reads this file
-    tampered.to_csv(tmp_path / "tampered.csv", index=False)
-    with pytest.raises(BaselineError, match="tampered.csv"):
-        load_rows(tmp_path / "tampered.csv", strict=True)
-    assert write_baseline(frame, path).read_text().splitlines()[0].split(",") == list(BASELINE_COLUMNS)
-
-
 def test_a_failing_run_is_not_written_as_a_baseline(suites_run: SharedRun, tmp_path: Path) -> None:
     frame = read_results(suites_run.run_dir)
     frame.loc[frame.index[0], "verdict"] = "fail"
