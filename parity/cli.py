@@ -66,7 +66,7 @@ class CommandParser(argparse.ArgumentParser):
         self.usage_status = usage_status
         self.validators: list[Callable[[argparse.Namespace], str | None]] = []
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
         for validate in self.validators:
             problem = validate(namespace)
@@ -74,7 +74,7 @@ class CommandParser(argparse.ArgumentParser):
                 self.error(problem)
         return namespace, extras
 
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(self.usage_status, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 

@@ -462,7 +462,7 @@ class Comparison:
         return _cases(self.vanished)
 
 
-OUTCOME_COLUMNS = ROW_KEYS + [
+OUTCOME_COLUMNS: list[str] = ROW_KEYS + [
     "kind",
     "better",
     "bound",
@@ -727,6 +727,7 @@ def _side(row: pd.Series, suffix: str) -> pd.Series:
 
 def _outcome(record: dict[str, Any], old: pd.Series | None, new: pd.Series | None, why: str) -> dict[str, Any]:
     ref = new if new is not None else old
+    assert ref is not None  # an outcome has a row on one side at least
     return {
         **record,
         "kind": ref["kind"],

@@ -55,6 +55,7 @@ from parity.report.chains import (
 from parity.report.plots import (
     OTHER_SITES,
     SITE_FAMILIES,
+    SiteFamily,
     decode_step_plot,
     divergence_plot,
     image_diff_plot,
@@ -643,7 +644,7 @@ def numerics_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
         )
     )
     sited = rows[rows["site"] != ""]
-    families = {}
+    families: dict[SiteFamily, list[str]] = {}
     for site in site_order(sited["site"].tolist()):
         families.setdefault(site_family(site), []).append(site)
     if not families:
@@ -689,7 +690,7 @@ def parse_step_errors(detail: str) -> list[float] | None:
     return values or None
 
 
-def _number(value: object) -> float | None:
+def _number(value: Any) -> float | None:  # a cell of the rows' frame
     return None if value is None or pd.isna(value) else float(value)
 
 
@@ -743,8 +744,8 @@ class DecodeRun:
                 if a != b
             ] + [min(len(w), len(g)) for w, g in zip(self.tokens["reference"], self.tokens["target"]) if len(w) != len(g)]
             return min(steps) if steps else None
-        matched, steps = self.matched, self.steps
-        return matched if matched is not None and steps is not None and matched < steps else None
+        matched, total = self.matched, self.steps
+        return matched if matched is not None and total is not None and matched < total else None
 
     def step_errors(self) -> tuple[str, list[float]] | None:
         """(label, per-step values) of the `step_max_abs` row; None when the run has none."""
@@ -828,7 +829,7 @@ def decode_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
             if errors
             else None
         )
-        if drawn is None:
+        if drawn is None or errors is None:
             body.append(note("no per-step error of the step logits to plot"))
         else:
             path, caption = drawn
@@ -899,7 +900,7 @@ def _ledger(rows: pd.DataFrame) -> pd.DataFrame:
                 "shape": case,
                 "mode": mode,
                 "code": code,
-                **{m: (last[m]["value"] if last[m] is not None else math.nan) for m in LEDGER_METRICS},
+                **{m: (row["value"] if (row := last[m]) is not None else math.nan) for m in LEDGER_METRICS},
                 "bound": _first_bound(last["new_compiles"], last["compiles"]),
                 "verdict": _gate_verdict(group),
                 "reason": " | ".join(dict.fromkeys(d for d in group["detail"] if d)),
@@ -1021,7 +1022,11 @@ class _GridPoint:
             self.details[row.detail] = None
 
     def entry(self, case: str, mode: str) -> dict[str, Any]:
-        entry = {"grid_point": case, "mode": mode, "verdict": worst_verdict(self.gate_verdicts or self.all_verdicts)}
+        entry: dict[str, Any] = {
+            "grid_point": case,
+            "mode": mode,
+            "verdict": worst_verdict(self.gate_verdicts or self.all_verdicts),
+        }
         entry.update({metric: self.values.get(metric, math.nan) for metric in ROUTING_METRICS})
         entry["tie_flip_rows"] = ", ".join(self.flip_sites)
         entry["detail"] = " | ".join(self.details)

@@ -122,8 +122,7 @@ def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", devi
         lines.append(f"target: {exc}")
     for key, family in layouts.items():
         record = FAMILIES[key]  # the one definition of the family: its name, the member that loads it
-        own = {n: family.local_name(n) for n in names}
-        own = {n: found for n, found in own.items() if found is not None}
+        own = {n: found for n in names if (found := family.local_name(n)) is not None}
         keys = [k for k in family.config_keys if k in data]
         if not own:  # a release DiT directory states the LLM's width in llm_config without holding the LLM
             lines.append(f"{key}: not in this checkpoint" + (f" (config keys {', '.join(keys)}, no tensors)" if keys else ""))
