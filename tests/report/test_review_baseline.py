@@ -224,18 +224,6 @@ def test_tie_flip_rows_are_judged_by_verdict(template: pd.Series) -> None:
     assert not compare_rows(one(template, value=64.0, **spec), one(template, value=10.0, verdict="fail", **spec)).ok
 
 
-def test_files_without_the_bound_column_still_load_and_compare(template: pd.Series, tmp_path: Path) -> None:
-    spec = dict(suite="routing", metric="rmse_vs_golden")
-    old = one(template, value=5.996e-9, threshold=2.18e-7, **spec)
-    path = tmp_path / "old.csv"
-    old[list(BASELINE_COLUMNS)].drop(columns="bound").to_csv(path, index=False)
-    loaded = load_rows(path)
-    assert list(loaded["bound"]) == [""]
-    # The run says how its bound was set; a baseline that does not say is read by the run's word.
-    assert compare_rows(loaded, one(template, value=8.116e-9, threshold=2.243e-7, bound="measured", **spec)).ok
-    assert not compare_rows(loaded, one(template, value=8.116e-9, threshold=2.243e-7, bound="fixed", **spec)).ok
-
-
 def test_rows_match_on_site_and_duplicates_match_in_order(template: pd.Series) -> None:
     old = rows(
         template,
