@@ -42,9 +42,9 @@ import typing
 import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
-T = TypeVar("T")
+from parity.target import FAMILIES
 
 # The built-in cases: `parity/builtin_cases/` (in the repository a link to the top-level `cases/`,
 # in the wheel a copy), so an installed parity finds them wherever it runs.
@@ -170,7 +170,7 @@ def _type_name(tp: Any) -> str:
     if origin is dict:
         k, v = typing.get_args(tp)
         return f"table of {_type_name(k)} -> {_type_name(v)}"
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return f"table ({tp.__name__})"
     return getattr(tp, "__name__", str(tp))
 
@@ -179,7 +179,8 @@ def _found(value: Any) -> str:
     text = repr(value)
     if len(text) > 60:
         text = text[:57] + "..."
-    kind = {dict: "table", list: "array"}.get(type(value), type(value).__name__)
+    kinds: dict[type, str] = {dict: "table", list: "array"}
+    kind = kinds.get(type(value), type(value).__name__)
     return f"{kind} {text}"
 
 
@@ -230,7 +231,7 @@ def _convert(value: Any, tp: Any, where: str, *, finite: bool = True) -> Any:
         if not isinstance(value, dict):
             raise _Mismatch(where, _type_name(tp), _found(value))
         return {_convert(k, key_tp, where): _convert(v, value_tp, f"{where}.{k}", finite=finite) for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise _Mismatch(where, _type_name(tp), _found(value))
         return _build(tp, value, where)
@@ -276,7 +277,7 @@ def _hints(cls: type) -> dict[str, Any]:
     return hints
 
 
-def _build(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
+def _build(cls: type[Any], data: Mapping[str, Any], where: str = "") -> Any:
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in data if k not in fields]
@@ -324,7 +325,7 @@ def _size(value: Any, tp: Any, name: str) -> tuple[int, list[str]]:
     if isinstance(value, (list, tuple)):
         args = [a for a in typing.get_args(tp) if a is not Ellipsis]
         if typing.get_origin(tp) is tuple and len(args) == len(value) and len(args) > 1:
-            total, parts = 1, []
+            total, parts = 1, list[str]()
             for i, (item, item_tp) in enumerate(zip(value, args)):
                 n, p = _size(item, item_tp, f"{name}[{i}]")
                 total, parts = total * n, parts + p
@@ -346,7 +347,7 @@ def case_elements(record: Any) -> tuple[int, list[str]]:
     if callable(own):
         return int(own()), [f"{type(record).__name__}.case_elements()"]
     hints = _hints(type(record))
-    total, parts = 1, []
+    total, parts = 1, list[str]()
     nested: tuple[int, list[str]] = (1, [])  # records inside a record are cases of their own (warm-up points)
     for field in dataclasses.fields(record):
         value = getattr(record, field.name)
@@ -516,7 +517,10 @@ _import_errors: dict[str, str] = {}  # case file name -> its one line, for files
 _extra_errors: dict[str, str] = {}  # the same for the extra directories of this session ("*": every file)
 # Which case files the tests of a suite directory read; a directory not listed reads them all
 # (the sensitivity suite runs every family's tests, the benchmarks build every family).
-SUITE_CASE_FILES = {"ar": "ar.toml", "dit": "dit.toml", "routing": "routing.toml", "selfcheck": "selfcheck.toml"}
+SUITE_CASE_FILES = {
+    **{key: family.case_file for key, family in FAMILIES.items() if family.case_file},
+    "selfcheck": "selfcheck.toml",
+}
 
 
 def defer_errors(enabled: bool = True) -> None:
@@ -641,15 +645,16 @@ def _load_table(label: str, name: str, value: Any, table: Table) -> Any:
     try:
         if table.keyed:
             _need(value, dict, _shape(table))
-            records = {}
+            by_key: dict[str, Any] = {}
             for key, item in value.items():
                 where = f"[{name}.{key}]"
-                records[key] = _build(table.record, _need(item, dict, "a table"))
-                _check_elements(records[key])
-            return records
+                by_key[key] = _build(table.record, _need(item, dict, "a table"))
+                _check_elements(by_key[key])
+            return by_key
         if table.many:
             _need(value, list, _shape(table))
-            records, seen = [], set()
+            records: list[Any] = []
+            seen: set[str] = set()
             for i, item in enumerate(value):
                 case = item.get("name", f"#{i}") if isinstance(item, dict) else f"#{i}"
                 where = f"[{name}] case {case!r}"

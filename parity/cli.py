@@ -47,6 +47,7 @@ from parity.report import (
     read_results,
     read_run_info,
 )
+from parity.target import FAMILIES
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 DEFAULT_REPORT_DIR = Path("reports") / "runs"  # relative to the directory parity runs in
@@ -65,7 +66,7 @@ class CommandParser(argparse.ArgumentParser):
         self.usage_status = usage_status
         self.validators: list[Callable[[argparse.Namespace], str | None]] = []
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
         for validate in self.validators:
             problem = validate(namespace)
@@ -73,7 +74,7 @@ class CommandParser(argparse.ArgumentParser):
                 self.error(problem)
         return namespace, extras
 
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(self.usage_status, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
@@ -207,7 +208,8 @@ def _add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:
             "weights and upstream tensor names; both the reference and the serving models load it."
         ),
     )
-    ckpt.add_argument("kind", choices=("ar", "dit"), help="which model: ar (MammothModa2 backbone) or dit (Transformer2DModel)")
+    kinds = tuple(key for key, family in FAMILIES.items() if family.loader)  # the families read from a checkpoint
+    ckpt.add_argument("kind", choices=kinds, help=f"which model family: {', '.join(kinds)}")
     ckpt.add_argument("out_dir", type=_directory, help="directory to write (created if missing)")
     ckpt.add_argument("--size", choices=("tiny", "full"), default="tiny", help="configuration (default: tiny)")
     ckpt.add_argument("--seed", type=seed_option, default=0, help="random seed of the weights, 0 .. 2147483647 (default: 0)")

@@ -19,7 +19,17 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:  # for the annotations only: resolving a target imports no torch
+    from collections.abc import Mapping, Sequence
+    from contextlib import AbstractContextManager
+    from pathlib import Path
+
+    import torch
+    from torch import nn
+
+T = TypeVar("T")
 
 BUILTIN_TARGETS = {
     "serving": "serving_models.target:make_target",
@@ -57,7 +67,9 @@ def exit_text(exc: SystemExit) -> str:
     return f"sys.exit({exc.code!r})" if exc.code is not None else "sys.exit()"
 
 
-def resolve_target(spec: str, option: str = "--target", *, on_step: Callable[[str], None] | None = None, tp: Any = None) -> Any:
+def resolve_target(
+    spec: str, option: str = "--target", *, on_step: Callable[[str], None] | None = None, tp: Any = None
+) -> Target:
     """Import and call the target factory named by `spec` and check what it returned: the object
     is the target. Every failure (no such module, an exception while importing it or in the
     factory, `sys.exit` there, no callable, no `name`) is one `TargetError` line naming the option
@@ -209,18 +221,17 @@ def takes_tp(factory: Callable[..., Any]) -> bool:
     return any(p.name == "tp" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-def load_target(spec: str) -> Any:
-    """`resolve_target` under its older name (the rank processes and fork children call it)."""
-    return resolve_target(spec)
-
-
 @dataclass(frozen=True)
 class Family:
     """A model family a target may provide: the members that provide it, what a report calls it,
     the suites that need it and its conformance probe ("module:function" of its suites' package:
-    the core imports no suite; docs/targets.md §2). Every registry of families reads this record:
-    check-target and the run's plan, the suites' ordering (`fixture`), the mutant catalogue's
-    groups (`title`), and, keyed by `key`, the model side's release layouts and checkpoint writers."""
+    the core imports no suite; docs/targets.md §2). Every list of families derives from this record:
+    check-target and the run's plan, the suites' ordering and model fixtures (`fixture`), the
+    conformance probes' loaders (`loader`, `builder`), the mutant catalogue's groups (`title`), the
+    case files (`case_file`), the stage vocabularies (`vocabulary`), the review page's per-site
+    plots (`sites`, `plot_title`) and make-checkpoint's kinds (`loader`); the model side's release
+    layouts and checkpoint makers and writers are keyed by `key` (tests/repo/test_families.py
+    holds every list to this record; CONTRIBUTING.md "Add a model family")."""
 
     key: str  # the directory of its suites under parity/suites/
     name: str  # short: the check-target lines
@@ -229,8 +240,13 @@ class Family:
     suites: tuple[str, ...]
     probe: str
     loader: str = ""  # the member that loads it from a checkpoint directory (inspect-checkpoint calls it on both sides)
+    builder: str = ""  # the member that builds it from a config and a state dict (the conformance probe calls both)
     fixture: str = ""  # the suites' fixture that builds its models (its tests run together, in this order)
     title: str = ""  # its heading in the mutant catalogue (docs/mutants.md)
+    case_file: str = ""  # its case table under cases/, the one its suites' tests read
+    vocabulary: str = ""  # "module:attribute" of its stage vocabulary (docs/localise.md §2)
+    sites: tuple[str, ...] = ()  # the `site` values its per-site rows carry: "layer." a prefix, "logits" a name
+    plot_title: str = ""  # the review page's plot of those sites, one x axis (docs/reports.md)
 
 
 FAMILIES: dict[str, Family] = {
@@ -244,8 +260,13 @@ FAMILIES: dict[str, Family] = {
             ("expert_selection", "fail_closed_capture", "embedding_clamp", "numerics", "decode", "weight_coverage", "recompiles"),
             "parity.suites.ar.conformance:probe",
             loader="load_ar",
+            builder="build_ar",
             fixture="ar_models",
             title="AR backbone",
+            case_file="ar.toml",
+            vocabulary="parity.localise.families.ar:VOCABULARY",
+            sites=("layer.", "logits", "embed", "embeddings"),
+            plot_title="AR decoder: error by layer",
         ),
         Family(
             "dit",
@@ -255,8 +276,13 @@ FAMILIES: dict[str, Family] = {
             ("recompiles", "numerics", "image", "sampler"),
             "parity.suites.dit.conformance:probe",
             loader="load_dit",
+            builder="build_dit",
             fixture="dit_models",
             title="DiT (model, sampler, decoder)",
+            case_file="dit.toml",
+            vocabulary="parity.localise.families.dit:VOCABULARY",
+            sites=("block.", "velocity"),
+            plot_title="DiT: error by block",
         ),
         Family(
             "routing",
@@ -266,12 +292,14 @@ FAMILIES: dict[str, Family] = {
             ("routing",),
             "parity.suites.routing.conformance:probe",
             title="MoE routing",
+            case_file="routing.toml",
+            vocabulary="parity.localise.families.routing:VOCABULARY",
         ),
     )
 }
 
 
-def family_gap(target: Any, family: str) -> str | None:
+def family_gap(target: object, family: str) -> str | None:
     """Why `target` cannot run the suites of `family` (a skip reason naming the missing members),
     or None when it provides the family (or the family needs nothing of a target)."""
     if family not in FAMILIES:
@@ -357,15 +385,51 @@ def not_selected(plans: list[SuitePlan], suite: str | None, family: str | None) 
 # ---------------------------------------------------------------------------------------------
 # The adapter contract (what the suites call). Structural: an engine's own adapters need not
 # import anything from here, only have these members. `missing_members` names what is absent.
+# Data members are read-only properties, so an adapter may hold them as attributes of a narrower
+# type or compute them; a type checker holds an adapter to its Protocol (`x: type[ARAdapter] =
+# MyAdapter`, as examples/ does).
 # ---------------------------------------------------------------------------------------------
 
 
 class CaptureRegistry(Protocol):
     """The target-owned capture-probe registry (see `serving_models/common/capture.py`)."""
 
-    def register_capture_probe(self, backend: str, probe: Callable[[], bool] | None) -> Any: ...
-    def capture_probe(self, backend: str, probe: Callable[[], bool] | None) -> Any: ...
-    def is_capturing(self, device: Any) -> bool: ...
+    def register_capture_probe(self, backend: str, probe: Callable[[], bool] | None) -> Callable[[], bool] | None: ...
+    def capture_probe(self, backend: str, probe: Callable[[], bool] | None) -> AbstractContextManager[object]: ...
+    def is_capturing(self, device: torch.device | str) -> bool: ...
+
+
+class AROutput(Protocol):
+    """What `forward` and `forward_multimodal` return: a dataclass or NamedTuple with these fields."""
+
+    @property
+    def logits(self) -> torch.Tensor: ...  # [B, L, vocab + gen_vocab]
+    @property
+    def hidden_states(self) -> Sequence[torch.Tensor]: ...  # one [B, L, D] per decoder layer, before the final norm
+
+
+class GenerateOutput(Protocol):
+    """What `greedy_generate` returns: `step_logits[:, i]` chose `tokens[:, i]`."""
+
+    @property
+    def tokens(self) -> torch.Tensor: ...  # [B, N]
+    @property
+    def step_logits(self) -> torch.Tensor: ...  # [B, N, V]
+
+
+class MoESite(Protocol):
+    """One MoE layer's observation points (docs/targets.md §4)."""
+
+    @property
+    def layer(self) -> int: ...
+    @property
+    def pre_norm(self) -> nn.Module: ...
+    @property
+    def layer_module(self) -> nn.Module: ...
+    @property
+    def und(self) -> Callable[[torch.Tensor], torch.Tensor]: ...
+    @property
+    def gen(self) -> Callable[[torch.Tensor], torch.Tensor]: ...
 
 
 class ARAdapter(Protocol):
@@ -384,23 +448,46 @@ class ARAdapter(Protocol):
     capture bakes; None restores the default) and `decode_graph_key(generating) -> key` (the graph
     a batch replays, from per-row host-side bools). Without them the harness captures one graph."""
 
-    name: str
-    config: Any
-    module: Any
-    moe_layers: tuple[int, ...]
-    supports_capture: bool
-    capture: CaptureRegistry
+    @property
+    def name(self) -> str: ...
+    @property
+    def config(self) -> object: ...  # the target's own (docs/targets.md §3): the suites read the reference's
+    @property
+    def module(self) -> nn.Module: ...
+    @property
+    def moe_layers(self) -> tuple[int, ...]: ...
+    @property
+    def supports_capture(self) -> bool: ...
+    @property
+    def capture(self) -> CaptureRegistry: ...
 
-    def moe_sites(self) -> list[Any]: ...
-    def embedding_modules(self) -> tuple[Any, Any]: ...
-    def weight_name_map(self) -> dict[str, list[str]]: ...
-    def embed(self, input_ids: Any) -> Any: ...
-    def forward(self, input_ids: Any = None, inputs_embeds: Any = None, gen_token_mask: Any = None) -> Any: ...
-    def forward_multimodal(self, inputs_embeds: Any, input_ids: Any) -> Any: ...
-    def allocate_decode_state(self, batch: int, max_len: int) -> Any: ...
-    def prefill(self, input_ids: Any) -> Any: ...
-    def decode_step(self, input_ids: Any, positions: Any) -> Any: ...
-    def greedy_generate(self, input_ids: Any, max_new_tokens: int, step_fn: Any = None) -> Any: ...
+    def moe_sites(self) -> Sequence[MoESite]: ...
+    def embedding_modules(self) -> tuple[nn.Module, nn.Module]: ...
+    def weight_name_map(self) -> Mapping[str, Sequence[str]]: ...
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor: ...
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        gen_token_mask: torch.Tensor | None = None,
+    ) -> AROutput: ...
+    def forward_multimodal(self, inputs_embeds: torch.Tensor, input_ids: torch.Tensor) -> AROutput: ...
+    def allocate_decode_state(self, batch: int, max_len: int) -> object: ...  # the target's own KV cache
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor: ...
+    def decode_step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+    def greedy_generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        step_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> GenerateOutput: ...
+
+
+class DiTConfig(Protocol):
+    """The DiT config's field the suites read (latent channels)."""
+
+    @property
+    def in_channels(self) -> int: ...
 
 
 class DiTAdapter(Protocol):
@@ -412,28 +499,33 @@ class DiTAdapter(Protocol):
     in the model dtype and takes the negative prompt's states for the unconditional branch (empty
     text without them); docs/model.md §8 has the release's semantics."""
 
-    name: str
-    config: Any
-    module: Any
+    @property
+    def name(self) -> str: ...
+    @property
+    def config(self) -> DiTConfig: ...
+    @property
+    def module(self) -> nn.Module: ...
 
-    def forward(self, latents: Any, timestep: Any, text_states: Any, text_mask: Any) -> Any: ...
-    def block_sites(self) -> list[tuple[str, Any]]: ...
-    def timesteps(self, steps: int, height: int, width: int) -> Any: ...
+    def forward(
+        self, latents: torch.Tensor, timestep: torch.Tensor, text_states: torch.Tensor, text_mask: torch.Tensor
+    ) -> torch.Tensor: ...
+    def block_sites(self) -> Sequence[tuple[str, nn.Module]]: ...
+    def timesteps(self, steps: int, height: int, width: int) -> torch.Tensor: ...
     def sample(
         self,
-        text_states: Any,
-        text_mask: Any,
+        text_states: torch.Tensor,
+        text_mask: torch.Tensor,
         height: int,
         width: int,
         steps: int,
         guidance_scale: float,
-        cfg_range: Any = ...,
+        cfg_range: tuple[float, float] = ...,
         seed: int = 0,
-        negative_states: Any = None,
-        negative_mask: Any = None,
-    ) -> Any: ...
-    def decode(self, latents: Any) -> Any: ...
-    def text_condition(self, length: int, seed: int, batch: int = 1) -> Any: ...
+        negative_states: torch.Tensor | None = None,
+        negative_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+    def decode(self, latents: torch.Tensor) -> torch.Tensor: ...  # uint8 RGB
+    def text_condition(self, length: int, seed: int, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class RouterAdapter(Protocol):
@@ -441,13 +533,16 @@ class RouterAdapter(Protocol):
     [T, k+S])`, a plain tuple or a NamedTuple with exactly those fields in that order
     (`router_result_problem`); rows at or past the device-side `num_valid_rows` are -1 / 0."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
-    def select_experts(self, logits: Any, k: int, **options: Any) -> Any: ...
-    def make_experts(self, gate_proj: Any, up_proj: Any, down_proj: Any) -> Any: ...
-    def apply_experts(self, x: Any, result: Any, experts: Any) -> Any: ...
-    def remap(self, ids: Any, replica_table: Any, row_choice: Any) -> Any: ...
-    def expert_load(self, ids: Any, num_valid_rows: Any, num_physical: int) -> Any: ...
+    # `options`: the keywords of docs/targets.md §7 (str, int, float and tensor values alike)
+    def select_experts(self, logits: torch.Tensor, k: int, **options: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+    # `experts` is whatever the target's own `make_experts` returned: its type is the target's
+    def make_experts(self, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor) -> Any: ...
+    def apply_experts(self, x: torch.Tensor, result: tuple[torch.Tensor, torch.Tensor], experts: Any) -> torch.Tensor: ...
+    def remap(self, ids: torch.Tensor, replica_table: torch.Tensor, row_choice: torch.Tensor) -> torch.Tensor: ...
+    def expert_load(self, ids: torch.Tensor, num_valid_rows: torch.Tensor | None, num_physical: int) -> torch.Tensor: ...
 
 
 ROUTER_RESULT_FIELDS = ("weights", "ids")
@@ -501,24 +596,32 @@ class Target(Protocol):
     `not_applicable: Mapping[str, str]`, engine policies (`ENGINE_POLICIES`) the target does not
     follow, each with its reason."""
 
-    name: str
-    capture: CaptureRegistry
+    @property
+    def name(self) -> str: ...
+    @property
+    def capture(self) -> CaptureRegistry: ...
 
-    def load_ar(self, checkpoint_dir: Any, device: Any, dtype: Any) -> ARAdapter: ...
-    def build_ar(self, config: Any, state_dict: Any, device: Any, dtype: Any) -> ARAdapter: ...
-    def load_dit(self, checkpoint_dir: Any, device: Any, dtype: Any) -> DiTAdapter: ...
-    def build_dit(self, config: Any, state_dict: Any, device: Any, dtype: Any) -> DiTAdapter: ...
+    # `config` of the build members is the model side's config object (the reference's), whose
+    # type the harness does not know: a target takes its own
+    def load_ar(self, checkpoint_dir: str | Path, device: torch.device | str, dtype: torch.dtype) -> ARAdapter: ...
+    def build_ar(
+        self, config: Any, state_dict: Mapping[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype
+    ) -> ARAdapter: ...
+    def load_dit(self, checkpoint_dir: str | Path, device: torch.device | str, dtype: torch.dtype) -> DiTAdapter: ...
+    def build_dit(
+        self, config: Any, state_dict: Mapping[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype
+    ) -> DiTAdapter: ...
     def router(self) -> RouterAdapter: ...
 
 
-def missing_members(obj: Any, protocol: type) -> list[str]:
-    """Members of `protocol` that `obj` lacks (attributes and methods), in declaration order."""
+def missing_members(obj: object, protocol: type) -> list[str]:
+    """Members of `protocol` that `obj` lacks (attributes, properties and methods), in declaration order."""
     names = list(getattr(protocol, "__annotations__", {}))
-    names += [n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")]
+    names += [n for n, v in vars(protocol).items() if (callable(v) or isinstance(v, property)) and not n.startswith("_")]
     return [n for n in dict.fromkeys(names) if not hasattr(obj, n)]
 
 
-def require(obj: Any, protocol: type, what: str) -> Any:
+def require(obj: T, protocol: type, what: str) -> T:
     """Return `obj` if it has every member of `protocol`, else raise a TargetError naming the gaps."""
     missing = missing_members(obj, protocol)
     if missing:

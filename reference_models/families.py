@@ -1,15 +1,15 @@
 """The reference side's registry of model families: each family's release layout, by family key.
 
 The keys are those of `parity.target.FAMILIES` (the one definition of a model family: its name,
-target members, suites, probe, and the model-side hooks by import string, e.g.
-`layout="reference_models.ar.release:LAYOUT"`); `tests/repo/test_layering.py` checks that every
-registry here uses those keys and the objects those strings name. `reference_models` imports no
-`parity`, so the family side registers against the key instead of importing the record.
+target members, suites, probe, case file, ...); `tests/repo/test_families.py` checks that every
+registry here uses those keys. `reference_models` imports no `parity`, so the family side
+registers against the key instead of importing the record.
 
 This module imports the families' layout modules (`reference_models/<family>/release.py`), which
-import only their configs and `reference_models.common`: nothing below imports it back, except the
-AR model's `from_pretrained` (through `others`), which sits above the layouts. The writers of
-random checkpoints, which need the models, register in `reference_models/checkpoints.py`.
+import only their configs and `reference_models.common`: nothing below imports it back. The AR
+reference adapter's `load` hands the other families' layouts to the model (`others`), so the
+model itself knows no registry. The writers of random checkpoints, which need the models,
+register in `reference_models/checkpoints.py`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import contextlib
 import json
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -277,7 +277,8 @@ class MammothEngineModel(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.gen_embed_tokens = nn.Embedding(config.gen_vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        # torch types a ModuleList's items as Module; these are DecoderLayers
+        self.layers: Sequence[DecoderLayer] = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))  # type: ignore[assignment]
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.gen_head = nn.Linear(config.hidden_size, config.gen_vocab_size, bias=False)
@@ -299,7 +300,12 @@ class MammothEngineModel(nn.Module):
     ) -> torch.Tensor:
         if gen_token_mask is None and input_ids is not None:
             gen_token_mask = derive_gen_token_mask(input_ids, self.config.gen_vocab_start_index)
-        hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        if inputs_embeds is not None:
+            hidden = inputs_embeds
+        elif input_ids is not None:
+            hidden = self.embed(input_ids)
+        else:
+            raise ValueError("engine: forward needs input_ids or inputs_embeds")
         residual = None
         for i, layer in enumerate(self.layers):
             hidden, residual = layer(positions, hidden, residual, gen_token_mask, None if kv_caches is None else kv_caches[i])
@@ -359,6 +365,8 @@ class MammothEngineModel(nn.Module):
             rows = params[target].data
             if shard is not None:
                 owner = self.get_submodule(target.rsplit(".", 1)[0])
+                if not isinstance(owner, MergedLinear):
+                    raise TypeError(f"engine: checkpoint tensor {name} is a shard of {target}, which stacks none")
                 order = list(owner.shards)
                 offset = sum(owner.shards[key] for key in order[: order.index(shard)])
                 rows = rows[offset : offset + owner.shards[shard]]

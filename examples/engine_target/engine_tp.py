@@ -43,6 +43,8 @@ class ColumnParallelMerged(MergedLinear):
         self.group = group
 
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard: str | None) -> None:
+        if shard is None:
+            raise ValueError("engine: a merged projection is loaded one named shard at a time")
         order = list(self.shards)
         rows = self.shards[shard]
         offset = sum(self.shards[key] for key in order[: order.index(shard)])

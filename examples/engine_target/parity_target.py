@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
@@ -157,6 +157,8 @@ class EngineARAdapter:
         gen_token_mask: torch.Tensor | None = None,
     ) -> AROutput:
         shaped = input_ids if input_ids is not None else inputs_embeds
+        if shaped is None:
+            raise ValueError("engine adapter: forward needs input_ids or inputs_embeds")
         positions = self._positions(shaped.shape[0], shaped.shape[1], shaped.device)
         return self._run(lambda: self.module(input_ids, positions, None, inputs_embeds, gen_token_mask))
 
@@ -231,6 +233,12 @@ class EngineTarget:
         self, config: Any, state_dict: Mapping[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype
     ) -> EngineARAdapter:
         return EngineARAdapter.build(config, state_dict.items(), device, dtype)
+
+
+if TYPE_CHECKING:  # the type check (tests/repo/test_types.py) holds the adapter to the contract, docs/targets.md §3
+    from parity.target import ARAdapter
+
+    _CONTRACT: type[ARAdapter] = EngineARAdapter
 
 
 # The stages every rank holds whole in the tensor-parallel engine: q/k/v, the attention output and

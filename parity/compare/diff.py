@@ -236,7 +236,7 @@ def flatten(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
         for field in dataclasses.fields(tree):
             yield from flatten(getattr(tree, field.name), f"{prefix}.{field.name}" if prefix else field.name)
-    elif hasattr(tree, "_fields") and isinstance(tree, tuple):  # NamedTuple
+    elif isinstance(tree, tuple) and hasattr(tree, "_fields"):  # NamedTuple
         for key in tree._fields:
             yield from flatten(getattr(tree, key), f"{prefix}.{key}" if prefix else key)
     elif isinstance(tree, Mapping):

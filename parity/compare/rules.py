@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import torch
 
@@ -208,7 +208,9 @@ def classify_decision(
 # Rules for scalar checks: counts, thresholds, yes/no properties, equalities
 # ---------------------------------------------------------------------------------------------
 
-AT_MOST, AT_LEAST, EXACTLY = "at_most", "at_least", "exactly"
+AT_MOST: Final = "at_most"
+AT_LEAST: Final = "at_least"
+EXACTLY: Final = "exactly"
 Direction = Literal["at_most", "at_least", "exactly"]
 # The report's `better` column for each direction (how a baseline comparison reads the value):
 # the `Verdict.better` of a count_rule / threshold_rule.

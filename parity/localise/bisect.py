@@ -116,6 +116,7 @@ def try_piece(module: nn.Module, path: str, call: tuple[tuple[Any, ...], dict[st
         torch.float32,
     )
     verdict, _ = golden_noise_rule(g, e.to(dtype), c.to(dtype), name=path or "root")
+    assert verdict.threshold is not None  # the noise-floor rule always states its bound
     return PieceResult(path, not verdict.ok, float(verdict.value), float(verdict.threshold), verdict.detail)
 
 

@@ -88,7 +88,8 @@ class Chain:
     def unobserved_between(self, site: str) -> list[str]:
         """The stages between `site` and its observable inputs that could not be judged."""
         out: list[str] = []
-        frontier = list(self.stage(site).inputs) if self.stage(site) else []
+        found = self.stage(site)
+        frontier = list(found.inputs) if found else []
         while frontier:
             name = frontier.pop(0)
             stage = self.stage(name)
@@ -154,9 +155,10 @@ def align(value: torch.Tensor, side: Side, stage: Stage, width: int, site: str =
 
 
 def _split(value: torch.Tensor, parts: tuple[str, ...], part: str, widths: Mapping[str, int]) -> torch.Tensor | str:
-    sizes = [widths.get(p) for p in parts]
-    if any(s is None for s in sizes):
-        return f"the reference has no width for {[p for p, s in zip(parts, sizes, strict=True) if s is None]}"
+    unknown = [p for p in parts if widths.get(p) is None]
+    if unknown:
+        return f"the reference has no width for {unknown}"
+    sizes = [widths[p] for p in parts]
     if value.shape[-1] != sum(sizes):
         return f"fused width {value.shape[-1]} is not the reference's {' + '.join(map(str, sizes))}"
     return value.split(sizes, dim=-1)[parts.index(part)]
@@ -182,6 +184,7 @@ def _compare(
         if golden.numel() == 0:
             return PASS, 0.0, 0.0, ""
     verdict, _ = golden_noise_rule(golden.double(), reference, target, name=site)
+    assert verdict.threshold is not None  # the noise-floor rule always states its bound
     return (PASS if verdict.ok else FAIL), float(verdict.value), float(verdict.threshold), ""
 
 
@@ -214,26 +217,32 @@ def build_chain(
                 )
             )
             continue
-        if target.values.get(site) is None:
+        recorded = target.values.get(site)
+        if recorded is None:
             chain.stages.append(
                 StageError(site, stage.name, layer, NOT_OBSERVED, detail="declared, but not called in this run", inputs=inputs)
             )
             continue
-        tgt_value = _value(target, site, {**widths, **_widths_of(reference, target.values[site].where.split)})
+        tgt_value = _value(target, site, {**widths, **_widths_of(reference, recorded.where.split)})
+        assert tgt_value is not None  # recorded: `_value` gives its tensor or why it cannot
         if isinstance(tgt_value, str):
             chain.stages.append(StageError(site, stage.name, layer, NOT_COMPARABLE, detail=tgt_value, inputs=inputs))
             continue
         width = widths[site]
         sides = [align(v, s, stage, width, site) for v, s in ((gold_value, golden), (ref_value, reference), (tgt_value, target))]
         problem = next((s for s in sides if isinstance(s, str)), None)
-        if problem is None and not (sides[0].shape == sides[1].shape == sides[2].shape):
-            problem = f"compared rows differ: golden {tuple(sides[0].shape)}, reference {tuple(sides[1].shape)}, target {tuple(sides[2].shape)}"
+        if problem is None:
+            gold, ref, tgt = (s for s in sides if isinstance(s, torch.Tensor))
+            if not (gold.shape == ref.shape == tgt.shape):
+                problem = (
+                    f"compared rows differ: golden {tuple(gold.shape)}, reference {tuple(ref.shape)}, target {tuple(tgt.shape)}"
+                )
         if problem is not None:
             chain.stages.append(StageError(site, stage.name, layer, NOT_COMPARABLE, detail=problem, inputs=inputs))
             continue
-        if sides[0].numel() == 0:
+        if gold.numel() == 0:
             continue  # no compared token reaches this stage (an expert no token of the case takes)
-        status, value, bound, note = _compare(stage, *sides, site)
+        status, value, bound, note = _compare(stage, gold, ref, tgt, site)
         chain.stages.append(StageError(site, stage.name, layer, status, value, bound, note or stage.what, inputs))
     chain.widths = {**widths, **_widths_of(reference, tuple(reference.values))}
     chain.blamed = _blame(chain)
@@ -287,6 +296,6 @@ def _blame(chain: Chain) -> StageError | None:
         if stage.status != FAIL:
             continue
         inputs = _observable_inputs(chain, stage.site)
-        if all(chain.stage(i).status == PASS for i in inputs):
+        if all(found.status == PASS for found in filter(None, map(chain.stage, inputs))):  # each input has its stage
             return stage
     return None

@@ -163,7 +163,7 @@ def stage_values(
             else:
                 calls = list(function_calls.get(where.function, []))
             if calls:
-                picked = [_pick(call, where) for call in calls]
+                picked = [_pick(call, where) for call in calls]  # type: ignore[arg-type]  # a plain mapping's calls are (input, output) pairs already
                 # A call giving a scalar or a vector is one row (a per-row function's calls make a table).
                 value = (
                     picked[0] if len(picked) == 1 else torch.cat([p.reshape(1, *p.shape) if p.dim() <= 1 else p for p in picked])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 Layout = Literal["tokens", "heads", "heads_first"]
 # The rows a stage covers: "all", AR's "und" / "gen" (from `Side.gen_mask`), or the name of a row
@@ -254,7 +254,7 @@ def _parse_one(key: str, raw: object, who: str) -> Where | str:
     if len(heads) != 1 or unknown:
         why = f"unknown keys {unknown}" if unknown else "exactly one of 'module' or 'function'"
         return f"{who}: stage_map[{key!r}]: a declaration dict needs {why} (options: {', '.join(sorted(_OPTIONS))})"
-    options = {k: (tuple(v) if k == "split" else v) for k, v in raw.items() if k in _OPTIONS}
+    options: dict[str, Any] = {k: (tuple(v) if k == "split" else v) for k, v in raw.items() if k in _OPTIONS}
     if options.get("split") and not options.get("part"):
         options["part"] = key  # a fused declaration written under the stage it gives
     return Tap(raw["module"], **options) if heads == ["module"] else Call(raw["function"], **options)

@@ -1,16 +1,19 @@
-"""The stage vocabulary of each family (`parity.target.FAMILIES` keys), loaded on first use."""
+"""The stage vocabulary of each family (`parity.target.Family.vocabulary`), loaded on first use."""
 
 from __future__ import annotations
 
 import importlib
 
 from parity.localise.stages import Vocabulary
+from parity.target import FAMILIES
 
-FAMILY_VOCABULARIES = ("ar", "dit", "routing")
+# family key -> "module:attribute" of its vocabulary
+FAMILY_VOCABULARIES = {key: family.vocabulary for key, family in FAMILIES.items() if family.vocabulary}
 
 
 def vocabulary(family: str) -> Vocabulary:
     """The stages of `family`, in execution order."""
     if family not in FAMILY_VOCABULARIES:
         raise KeyError(f"no stage vocabulary for family {family!r} (families with stages: {', '.join(FAMILY_VOCABULARIES)})")
-    return importlib.import_module(f"parity.localise.families.{family}").VOCABULARY
+    module, _, attribute = FAMILY_VOCABULARIES[family].partition(":")
+    return getattr(importlib.import_module(module), attribute)

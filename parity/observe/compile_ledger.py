@@ -177,6 +177,7 @@ class _DynamoTap:
                 "the compile ledger wraps these private functions to count compiles per code "
                 "object (update parity/observe/compile_ledger.py for this torch)"
             )
+        assert limit_name is not None  # else `missing` names it and the line above raised
         self.saved = {
             "_compile": convert_frame._compile,
             "get_and_maybe_log_recompilation_reasons": convert_frame.get_and_maybe_log_recompilation_reasons,

@@ -25,7 +25,7 @@ import shlex
 import sys
 import traceback
 import types
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
@@ -128,7 +128,7 @@ def usage_error(config: pytest.Config, message: str, items: list[pytest.Item]) -
     `ERROR: <message>`, exit status 4); in an xdist worker, where that would be an INTERNALERROR,
     select nothing and hand the line to the controller (`pytest_testnodedown`, `pytest_sessionfinish`)."""
     if _is_worker(config):
-        config.workeroutput[WORKER_USAGE_ERROR] = message
+        config.workeroutput[WORKER_USAGE_ERROR] = message  # type: ignore[attr-defined]  # pytest-xdist sets it on a worker's config
         config.hook.pytest_deselected(items=list(items))
         items.clear()
         return
@@ -215,7 +215,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     session = config.stash[SESSION]
     lanes.mark_lanes(items, session.device, short=lanes.short_lanes(config))
     wanted = set(session.suites)
-    known = {lanes.suite_of(item) for item in items} - {None}
+    known = {suite for item in items if (suite := lanes.suite_of(item)) is not None}
     unknown = sorted(wanted - known)
     if unknown:
         listed = ", ".join(sorted(known)) or "none (no parity test was collected)"
@@ -226,7 +226,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
         return
     if wanted:
-        keep, drop = [], []
+        keep: list[pytest.Item] = []
+        drop: list[pytest.Item] = []
         for item in items:
             (keep if lanes.suite_of(item) in wanted else drop).append(item)
         if drop:
@@ -247,7 +248,7 @@ def resumed_test_ids(config: pytest.Config) -> set[str]:
     """The `test` ids whose rows an appended run already holds (`parity.plugin.resume`: decided by
     the controller, handed to xdist workers); empty for a new run."""
     if _is_worker(config):
-        return set(config.workerinput.get(WORKER_RESUME_DONE, ()))
+        return set(config.workerinput.get(WORKER_RESUME_DONE, ()))  # type: ignore[attr-defined]  # pytest-xdist sets it on a worker's config
     plan = config.stash.get(RESUME, None)
     return set(plan.done) if plan is not None else set()
 
@@ -255,7 +256,7 @@ def resumed_test_ids(config: pytest.Config) -> set[str]:
 def writes_session_rows(config: pytest.Config) -> bool:
     """Whether this process writes the rows a session writes once (not per test): the serial
     session, or the first xdist worker (every worker collects the same tests)."""
-    return not _is_worker(config) or config.workerinput.get("workerid") == "gw0"
+    return not _is_worker(config) or config.workerinput.get("workerid") == "gw0"  # type: ignore[attr-defined]  # pytest-xdist sets it on a worker's config
 
 
 def _deselect_resumed(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -348,7 +349,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     writer = config.stash.get(WRITER, None)
     if _is_worker(config):
         if writer is not None and writer.unwritten:
-            config.workeroutput[WORKER_UNWRITTEN] = [writer.unwritten, writer.write_error, sorted(writer.unwritten_tests)]
+            config.workeroutput[WORKER_UNWRITTEN] = [writer.unwritten, writer.write_error, sorted(writer.unwritten_tests)]  # type: ignore[attr-defined]  # pytest-xdist sets it on a worker's config
         return
     watch = config.stash.get(SIGNALS, None)
     try:
@@ -422,7 +423,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[Any]:
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
     """A malformed case file is one readable line (file, table, key), not a loader traceback."""
     collected = yield
     if collected.failed and collected.longrepr is not None:
@@ -468,7 +469,7 @@ def _remember_where_rows_fail(item: pytest.Item, rep: SuiteReport) -> None:
             vars(rep)[_FAILED_AT] = (_suite_traceback(item, sys._getframe(1)), sys.exc_info()[1])
         return row
 
-    rep.record = record_noting_where  # type: ignore[method-assign] - this test's report only
+    rep.record = record_noting_where  # type: ignore[method-assign]  # this test's report only
 
 
 _FAILED_AT = "_parity_failed_at"  # SuiteReport attribute: (traceback, exception handled) of its first failing row
@@ -516,7 +517,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[Any]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A suite test whose setup failed (a model that would not load, a fixture that raised) still
     leaves an `error` row, so a run's CSV accounts for every test of a suite."""
     outcome = yield

@@ -16,6 +16,7 @@ from parity.compare import ERROR, FAIL, PASS, TensorDiff, TreeDiff, Verdict, bet
 from parity.plugin.lanes import KEEP_COMPILE_CACHE, SUITE, is_parity_test, suite_of
 from parity.plugin.session import RunSession, session_target
 from parity.report import ReportWriter
+from parity.target import Target
 
 SESSION = pytest.StashKey[RunSession]()
 WRITER = pytest.StashKey[ReportWriter]()
@@ -197,7 +198,7 @@ def parity_device(parity_settings: RunSession) -> Any:
 
 
 @pytest.fixture(scope="session")
-def parity_target(pytestconfig: pytest.Config) -> Any:
+def parity_target(pytestconfig: pytest.Config) -> Target:
     """The implementation under test, resolved once from --parity-target (see parity.target); the
     plugin resolves it up front when the session selects a parity test."""
     return session_target(pytestconfig)

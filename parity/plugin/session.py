@@ -55,7 +55,7 @@ from parity.report.rundir import (
     process_alive,
     read_owner,
 )
-from parity.target import TargetError, factory_path, resolve_target
+from parity.target import Target, TargetError, factory_path, resolve_target
 
 DEFAULT_REPORT_DIR = Path("reports") / "runs"  # relative to the directory pytest was started in
 WORKER_RUN_DIR = "parity_run_dir"  # key of the run directory in an xdist worker's workerinput
@@ -98,7 +98,7 @@ def option(config: pytest.Config, name: str) -> Any:
     return config.getoption(f"{PYTEST_PREFIX}{name}".replace("-", "_"))
 
 
-def session_target(config: pytest.Config) -> Any:
+def session_target(config: pytest.Config) -> Target:
     """The target of this session, resolved once (`parity.target.resolve_target`); a failure is
     remembered and raised again as the same one-line `TargetError`."""
     if TARGET in config.stash:

@@ -57,7 +57,6 @@ from parity.report.audit import audit_records, read_records
 from parity.report.rows import (
     CASE_KEYS,
     COLUMNS,
-    LATER_COLUMNS,
     NOT_PROVIDED,
     RESULTS_FILE,
     RUN_INFO_FILE,
@@ -143,7 +142,7 @@ def check_baseline_file(source: str | Path) -> None:
             f"baseline {records.path} line {records.torn[0]}: a record cut short ({len(records.torn)} in all); "
             "a baseline is never read in part: regenerate it"
         )
-    missing = [c for c in BASELINE_COLUMNS if c not in records.header and c not in LATER_COLUMNS]
+    missing = [c for c in BASELINE_COLUMNS if c not in records.header]
     if missing:
         return  # read_results says "not a parity results file" with the columns
     info = read_run_info(path) if path.is_dir() else {}
@@ -239,20 +238,11 @@ def default_baseline_path(run_dir: str | Path, frame: pd.DataFrame, baseline_dir
     """`reports/baselines/<device kind>-<dtype>.csv` (of the working directory) for a run of the
     built-in target in `run_dir`; `<device kind>-<dtype>-<name>.csv` for any other target, keyed by
     the `name` the target declares (run.json), so renaming its adapter module keeps its baseline;
-    a run that recorded no name is keyed by its `--target` value (`spec_baseline_path`)."""
+    a run that recorded no name is keyed by its `--target` value."""
     config = run_config(frame, str(run_dir))
     info = read_run_info(Path(run_dir)) if Path(run_dir).is_dir() else {}
     key = target_name(info) or config["target"]
     return _baseline_path(config, info, key, baseline_dir)
-
-
-def spec_baseline_path(run_dir: str | Path, frame: pd.DataFrame, baseline_dir: Path = BASELINE_DIR) -> Path:
-    """Where parity kept the run's baseline before it keyed them by the target's name: the file
-    named from the `--target` value (`<device kind>-<dtype>-my_engine.parity_target-make_target.csv`).
-    `parity review` falls back to it, and says so (docs/reports.md "Migrating")."""
-    config = run_config(frame, str(run_dir))
-    info = read_run_info(Path(run_dir)) if Path(run_dir).is_dir() else {}
-    return _baseline_path(config, info, config["target"], baseline_dir)
 
 
 def _baseline_path(config: dict[str, str], info: dict[str, Any], key: str, baseline_dir: Path) -> Path:
@@ -349,7 +339,7 @@ def check_baseline_target(path: str | Path) -> Path:
                 f"--write-baseline {path}: a run's results file (columns {', '.join(volatile)}), not a baseline; "
                 f"refusing to overwrite it, --force or not; {hint}"
             )
-        missing = [c for c in BASELINE_COLUMNS if c not in header and c not in LATER_COLUMNS]  # an older baseline is one
+        missing = [c for c in BASELINE_COLUMNS if c not in header]
         if missing:
             raise UnsafePathError(
                 f"--write-baseline {path}: exists and is not a parity baseline (no column {missing[0]}); "
@@ -436,14 +426,12 @@ def bound_change(old: float, new: float, better: str, kind: str = FIXED) -> str:
 
 
 def bound_kind(old: pd.Series | None, new: pd.Series | None) -> str:
-    """How the bound of a matched row was set: the run's own `bound` column, else the baseline's,
-    else `fixed` when there is a threshold (files written before the column)."""
+    """How the bound of a matched row was set: the run's own `bound` column, else the baseline's."""
     for row in (new, old):
         value = row.get("bound", "") if row is not None else ""
         if isinstance(value, str) and value:
             return value
-    has_threshold = any(row is not None and not pd.isna(row["threshold"]) for row in (new, old))
-    return FIXED if has_threshold else ""
+    return ""
 
 
 @dataclasses.dataclass
@@ -495,7 +483,7 @@ class Comparison:
         return _cases(self.vanished)
 
 
-OUTCOME_COLUMNS = ROW_KEYS + [
+OUTCOME_COLUMNS: list[str] = ROW_KEYS + [
     "kind",
     "better",
     "bound",
@@ -735,12 +723,11 @@ def not_compared(baseline: pd.DataFrame, current: pd.DataFrame) -> dict[str, pd.
     """Baseline rows the run cannot have, by reason (a mask over `baseline` each): the rows of a
     model family the run's target does not provide (its `family_not_provided` rows name them; the
     baseline's `family` column places each row), and, between tensor-parallel sizes, the mutant
-    catalogue's rows (the sensitivity suite runs the mutants of its own size: docs/mutants.md).
-    A baseline written before the `family` column leaves every family compared."""
+    catalogue's rows (the sensitivity suite runs the mutants of its own size: docs/mutants.md)."""
     reasons: dict[str, pd.Series] = {}
     not_provided = current[(current["metric"] == NOT_PROVIDED) & (current["verdict"] == SKIP)]
     families = sorted(set(not_provided["case"]))
-    if families and "family" in baseline.columns:
+    if families:
         # a (suite, family) the run left out, not the family alone: a row whose family column is
         # wrong for its suite is compared, and cannot hide a vanished case of a suite that ran
         left_out = set(zip(not_provided["suite"], not_provided["case"], strict=True))
@@ -766,6 +753,7 @@ def _side(row: pd.Series, suffix: str) -> pd.Series:
 
 def _outcome(record: dict[str, Any], old: pd.Series | None, new: pd.Series | None, why: str) -> dict[str, Any]:
     ref = new if new is not None else old
+    assert ref is not None  # an outcome has a row on one side at least
     return {
         **record,
         "kind": ref["kind"],

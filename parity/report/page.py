@@ -53,9 +53,9 @@ from parity.report.chains import (
     repro_file,
 )
 from parity.report.plots import (
-    AR_LAYERS,
-    DIT_BLOCKS,
     OTHER_SITES,
+    SITE_FAMILIES,
+    SiteFamily,
     decode_step_plot,
     divergence_plot,
     image_diff_plot,
@@ -249,8 +249,6 @@ class Assets:
 
 
 REVIEW_MARKER = ".parity-review"  # in review/: the files the page wrote there, one name a line
-# Figure names the page drew before review/ carried its list (accepted once, then replaced).
-_LEGACY_FIGURE = re.compile(r"(numerics|image-diff)-[A-Za-z0-9_.-]+\.png")
 
 
 def check_review_dir(root: Path) -> None:
@@ -265,8 +263,8 @@ def check_review_dir(root: Path) -> None:
     entries = {p.name: p for p in root.iterdir()}
     marker = entries.pop(REVIEW_MARKER, None)
     regular = {name for name, p in entries.items() if p.is_file() and not p.is_symlink()}
-    if marker is None:  # written before the list: only the page's own figures
-        foreign = sorted(name for name in entries if name not in regular or not _LEGACY_FIGURE.fullmatch(name))
+    if marker is None:
+        foreign = sorted(entries)
     elif marker.is_symlink() or not marker.is_file():
         foreign = [REVIEW_MARKER]
     else:
@@ -646,12 +644,12 @@ def numerics_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
         )
     )
     sited = rows[rows["site"] != ""]
-    families = {}
+    families: dict[SiteFamily, list[str]] = {}
     for site in site_order(sited["site"].tolist()):
         families.setdefault(site_family(site), []).append(site)
     if not families:
         body.append(note("no per-site rows (site column empty): nothing to plot by layer"))
-    for family in (AR_LAYERS, DIT_BLOCKS, OTHER_SITES):
+    for family in (*SITE_FAMILIES, OTHER_SITES):
         if family not in families:
             continue
         family_rows = sited[sited["site"].isin(families[family])]
@@ -672,11 +670,9 @@ def numerics_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
 # (value: steps whose tokens equal the reference's, threshold: the case's steps), `tokens` info
 # rows (site `reference` / `target`, detail `row R: t0 t1 ...; row R+1: ...`), per-bucket
 # teacher-forced rows (`teacher_forced.steps.A-B`, info `max_abs`) and `step_max_abs` (site
-# `teacher_forced`, the per-step values after the detail's last `: `). Runs written before the
-# `tokens` / `step_max_abs` rows have the buckets only: their plot is drawn per bucket.
+# `teacher_forced`, the per-step values after the detail's last `: `).
 MAX_DECODE_DETAILS = 12  # failing decode runs drawn in full; more are listed in the table
 _TOKEN_ROW = re.compile(r"row (?P<row>\d+): (?P<tokens>[-\d ]*)")
-_BUCKET_SITE = re.compile(r"^teacher_forced\.steps\.(?P<first>\d+)-(?P<last>\d+)$")
 
 
 def parse_tokens(detail: str) -> list[list[int]] | None:
@@ -694,7 +690,7 @@ def parse_step_errors(detail: str) -> list[float] | None:
     return values or None
 
 
-def _number(value: object) -> float | None:
+def _number(value: Any) -> float | None:  # a cell of the rows' frame
     return None if value is None or pd.isna(value) else float(value)
 
 
@@ -748,27 +744,16 @@ class DecodeRun:
                 if a != b
             ] + [min(len(w), len(g)) for w, g in zip(self.tokens["reference"], self.tokens["target"]) if len(w) != len(g)]
             return min(steps) if steps else None
-        matched, steps = self.matched, self.steps
-        return matched if matched is not None and steps is not None and matched < steps else None
+        matched, total = self.matched, self.steps
+        return matched if matched is not None and total is not None and matched < total else None
 
     def step_errors(self) -> tuple[str, list[float]] | None:
-        """(label, per-step values): the `step_max_abs` row, else the teacher-forced buckets' max_abs
-        spread over their steps; None when the run has neither."""
+        """(label, per-step values) of the `step_max_abs` row; None when the run has none."""
         row = self._one("step_max_abs")
         values = parse_step_errors(row["detail"]) if row is not None else None
         if values:
             return "teacher-forced, largest |d| per step", values
-        buckets = []
-        for bucket in self.rows[(self.rows["metric"] == "max_abs")].itertuples(index=False):
-            match = _BUCKET_SITE.match(bucket.site)
-            if match and not pd.isna(bucket.value):
-                buckets.append((int(match["first"]), int(match["last"]), float(bucket.value)))
-        if not buckets:
-            return None
-        per_step = [math.nan] * (max(last for _, last, _ in buckets) + 1)
-        for first, last, value in buckets:
-            per_step[first : last + 1] = [value] * (last - first + 1)
-        return "teacher-forced, largest |d| per bucket of steps", per_step
+        return None
 
     @property
     def largest_step_diff(self) -> float:
@@ -844,7 +829,7 @@ def decode_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
             if errors
             else None
         )
-        if drawn is None:
+        if drawn is None or errors is None:
             body.append(note("no per-step error of the step logits to plot"))
         else:
             path, caption = drawn
@@ -915,7 +900,7 @@ def _ledger(rows: pd.DataFrame) -> pd.DataFrame:
                 "shape": case,
                 "mode": mode,
                 "code": code,
-                **{m: (last[m]["value"] if last[m] is not None else math.nan) for m in LEDGER_METRICS},
+                **{m: (row["value"] if (row := last[m]) is not None else math.nan) for m in LEDGER_METRICS},
                 "bound": _first_bound(last["new_compiles"], last["compiles"]),
                 "verdict": _gate_verdict(group),
                 "reason": " | ".join(dict.fromkeys(d for d in group["detail"] if d)),
@@ -1037,7 +1022,11 @@ class _GridPoint:
             self.details[row.detail] = None
 
     def entry(self, case: str, mode: str) -> dict[str, Any]:
-        entry = {"grid_point": case, "mode": mode, "verdict": worst_verdict(self.gate_verdicts or self.all_verdicts)}
+        entry: dict[str, Any] = {
+            "grid_point": case,
+            "mode": mode,
+            "verdict": worst_verdict(self.gate_verdicts or self.all_verdicts),
+        }
         entry.update({metric: self.values.get(metric, math.nan) for metric in ROUTING_METRICS})
         entry["tie_flip_rows"] = ", ".join(self.flip_sites)
         entry["detail"] = " | ".join(self.details)

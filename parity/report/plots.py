@@ -18,6 +18,8 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from parity.target import FAMILIES
+
 _INDEXED_SITE = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)$")
 # Sites that close a model's forward pass: drawn after its layers / blocks.
 _FINAL_SITES = ("logits", "velocity")
@@ -29,18 +31,18 @@ class SiteFamily:
 
     key: str
     title: str
+    sites: tuple[str, ...] = ()  # "layer." a prefix, "logits" a name (`parity.target.Family.sites`)
 
 
-AR_LAYERS = SiteFamily("ar", "AR decoder: error by layer")
-DIT_BLOCKS = SiteFamily("dit", "DiT: error by block")
+# The model families' per-site plots, in the order of `FAMILIES`.
+SITE_FAMILIES = tuple(SiteFamily(f.key, f.plot_title, f.sites) for f in FAMILIES.values() if f.sites)
 OTHER_SITES = SiteFamily("other", "other sites")
 
 
 def site_family(site: str) -> SiteFamily:
-    if site.startswith("layer.") or site in ("logits", "embed", "embeddings"):
-        return AR_LAYERS
-    if site.startswith("block.") or site == "velocity":
-        return DIT_BLOCKS
+    for family in SITE_FAMILIES:
+        if any(site.startswith(s) if s.endswith(".") else site == s for s in family.sites):
+            return family
     return OTHER_SITES
 
 
@@ -48,10 +50,10 @@ def site_order(sites: Sequence[str]) -> list[str]:
     """Forward order of a family's sites: `layer.N` by N; named blocks in the order rows were
     written (suites write in forward order); `logits` / `velocity` last."""
     unique = list(dict.fromkeys(s for s in sites if s))
-    indexed = [s for s in unique if _INDEXED_SITE.match(s) and _INDEXED_SITE.match(s)["prefix"] == "layer"]
+    indexed = [s for s in unique if (match := _INDEXED_SITE.match(s)) and match["prefix"] == "layer"]
     final = [s for s in unique if s in _FINAL_SITES]
     named = [s for s in unique if s not in indexed and s not in final]
-    indexed.sort(key=lambda s: int(_INDEXED_SITE.match(s)["index"]))
+    indexed.sort(key=lambda s: int(s.rsplit(".", 1)[1]))  # `layer.N`, matched above
     return indexed + named + final
 
 
@@ -170,11 +172,10 @@ def stage_chain_plot(
     An exact stage (bound 0) is drawn at the floor when it matches and at the top (x) when it does
     not; a stage not judged (value NaN) leaves a grey tick on the axis. Layers are labelled at
     their first stage. Returns the PNG path and a caption, or None when no stage was judged."""
-    values = np.asarray(values, dtype=float)
-    bounds = np.asarray(bounds, dtype=float)
+    value, bound = np.asarray(values, dtype=float), np.asarray(bounds, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.where(bounds > 0, values / bounds, np.where(values == 0, 0.0, np.inf))
-    share = np.where(np.isnan(values) | np.isnan(bounds), np.nan, share)
+        share = np.where(bound > 0, value / bound, np.where(value == 0, 0.0, np.inf))
+    share = np.where(np.isnan(value) | np.isnan(bound), np.nan, share)
     judged = ~np.isnan(share)
     if not judged.any():
         return None
@@ -287,6 +288,7 @@ def image_diff_plot(images: dict[str, np.ndarray], reference: str, path: Path, t
         axis.set_title(f"|{name} - {reference}|\nmax {int(diff.max())}, mean {diff.mean():.3g}", fontsize=8)
         axis.set_axis_off()
         panels.append(DiffPanel(reference, name, int(diff.max()), float(diff.mean())))
+    assert shown is not None  # a panel per other image, and there is one
     figure.colorbar(shown, ax=list(axes), shrink=0.8, label="abs difference (0-255)")
     figure.suptitle(title, fontsize=9)
     return _save(figure, path), panels

@@ -42,7 +42,6 @@ from parity.report.baseline import (
     misplaced_family,
     run_config,
     source_device_kind,
-    spec_baseline_path,
     target_name,
 )
 from parity.report.chains import case_notes
@@ -108,7 +107,7 @@ class Review:
     info: dict[str, Any]
     comparison: Comparison | None = None
     baseline_note: str = ""
-    baseline_migration: str = ""  # the baseline was found under its old name, or made with another --target value
+    baseline_migration: str = ""  # the baseline was made with another --target value of the same target
     incomplete: list[str] = dataclasses.field(default_factory=list)  # why the run is not whole, one line each
     audit: Audit | None = None  # what the audit of results.csv found (None: not audited)
     rule_changes: list[Problem] = dataclasses.field(default_factory=list)  # gate rows whose rule changed against the baseline
@@ -173,8 +172,7 @@ def load_review(
 ) -> Review:
     """Read `run_dir` and compare it with `baseline` (a run directory or CSV) or, when none is given
     and `use_default_baseline`, with `baseline_dir/<device kind>-<dtype>.csv` if that exists (another
-    target's `<device kind>-<dtype>-<name>.csv`, or, not yet renamed, its file named by the `--target`
-    value: docs/reports.md "Migrating"). `suite_families` (`parity.target.suite_families`): a baseline
+    target's `<device kind>-<dtype>-<name>.csv`: docs/reports.md "Migrating"). `suite_families` (`parity.target.suite_families`): a baseline
     row whose family column its suite cannot have is a `BaselineError` (`misplaced_family`)."""
     run_dir = Path(run_dir)
     refuse_link(run_dir, "the run directory")
@@ -190,15 +188,8 @@ def load_review(
     by_name = False  # the baseline was found by the target's declared name (docs/reports.md "Migrating")
     if baseline is None and use_default_baseline and not frame.empty:
         candidate = default_baseline_path(run_dir, frame, baseline_dir)
-        old_name = spec_baseline_path(run_dir, frame, baseline_dir)
         if candidate.exists():
-            baseline, by_name = candidate, old_name != candidate
-        elif old_name != candidate and old_name.exists():
-            baseline = old_name
-            review.baseline_migration = (
-                f"baseline {old_name}: used under its old name (from the --target value); a target's baselines are now "
-                f"named by the name it declares ({target_name(info)!r}): rename it: mv {old_name} {candidate}"
-            )
+            baseline, by_name = candidate, bool(target_name(info))
         else:
             review.baseline_note = f"no baseline for this device kind, dtype and target at {candidate}"
     if baseline is not None:

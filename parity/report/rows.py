@@ -46,7 +46,7 @@ RUN_STATUSES = (RUNNING, COMPLETE, INTERRUPTED, CRASHED, INCOMPLETE)
 # it), `better` (lower / higher / equal: the direction a baseline comparison reads the value in),
 # `bound` (fixed = a policy, measured = derived from noise measured in the same run, '' = no
 # bound), `test` (pytest node id), `worker` (xdist worker or "main"), `time` (UTC); `tp` is the
-# run's tensor-parallel size (1: one process; empty in files written before it existed); `family`
+# run's tensor-parallel size (1: one process); `family`
 # is the suites' family directory the row's test lives in (`ar`, `dit`, `routing`, `selfcheck`,
 # `sensitivity`, ...: `family_of_test`), kept in baselines (unlike the node id, which depends on
 # where pytest ran) so a review knows which rows a target that leaves a family out cannot have.
@@ -79,9 +79,6 @@ COLUMNS = (
 )
 KINDS = ("gate", "info")
 BETTER = ("lower", "higher", "equal", "")
-# Columns added after results files were first written: a file without one still loads (the column
-# comes back empty, i.e. unknown).
-LATER_COLUMNS = ("bound", "tp", "family")
 
 # Columns filled from the run's context rather than by each check.
 CONTEXT_COLUMNS = ("run_id", "target", "device", "dtype", "size", "tp", "torch_version", "git_sha", "worker")
@@ -375,9 +372,6 @@ def read_results(path: str | Path, required: Iterable[str] = COLUMNS) -> pd.Data
         frame = pd.read_csv(source, dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise ReportError(f"{path}: not a readable CSV file ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})") from None
-    for column in LATER_COLUMNS:
-        if column not in frame.columns:
-            frame[column] = ""
     missing = [c for c in required if c not in frame.columns]
     if missing:
         raise ReportError(f"{path}: not a parity results file, missing columns {missing}")
@@ -538,7 +532,7 @@ def mutation_score(frame: pd.DataFrame) -> MutationScore | None:
 
 def run_tp(frame: pd.DataFrame) -> int:
     """The tensor-parallel size of a run's (or baseline's) rows; 1 where the column is empty (a
-    file written before it existed, or a single-process run)."""
+    single-process run's rows written without it)."""
     if "tp" not in frame.columns:
         return 1
     sizes = {int(float(v)) for v in frame["tp"] if str(v) not in ("", "nan")}

@@ -45,6 +45,7 @@ from parity.runners.compiled import CompiledCudaGraphRun, CompiledRun
 from parity.runners.cpu_graph import CpuGraphRun
 from parity.runners.cuda_graph import CudaGraphRun
 from parity.runners.eager import EagerRun
+from parity.runners.graph import GraphRun
 
 __all__ = [
     "CPU_MODES",
@@ -123,7 +124,7 @@ class Runner:
         site = describe_site(fn, name)
         tapset = TapSet(taps)
         examples = tuple(example_inputs)
-        common = dict(dummy=dummy, taps=tapset, site=site, host_prepare=host_prepare, device=self.device)
+        common: dict[str, Any] = dict(dummy=dummy, taps=tapset, site=site, host_prepare=host_prepare, device=self.device)
         run = REGISTRY[self.mode]
         try:
             if run is EagerRun:
@@ -134,6 +135,7 @@ class Runner:
                 return CompiledCudaGraphRun(
                     fn, examples, **common, options=self.options, registry=self.capture_registry, ledger=self.ledger
                 )
+            assert issubclass(run, GraphRun)  # every other mode returned above
             return run(fn, examples, **common, options=self.options, registry=self.capture_registry)
         except BaseException:
             tapset.remove()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -80,12 +80,14 @@ def register_dataclasses(tree: Any) -> None:
         cls = type(tree)
         if cls not in pytree.SUPPORTED_NODES:
             names = [f.name for f in dataclasses.fields(cls)]
-            pytree.register_pytree_node(
-                cls,
-                lambda obj, names=names: ([getattr(obj, n) for n in names], names),
-                lambda values, names, cls=cls: cls(**dict(zip(names, values))),
-                serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
-            )
+
+            def flatten(obj: Any, names: list[str] = names) -> tuple[list[Any], list[str]]:
+                return [getattr(obj, n) for n in names], names
+
+            def unflatten(values: Iterable[Any], names: list[str], cls: type = cls) -> Any:
+                return cls(**dict(zip(names, values)))
+
+            pytree.register_pytree_node(cls, flatten, unflatten, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
         children = [getattr(tree, f.name) for f in dataclasses.fields(tree)]
     elif isinstance(tree, dict):
         children = list(tree.values())

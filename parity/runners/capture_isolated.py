@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -37,7 +37,7 @@ class CaptureCase:
     fn: Callable[..., Any]
     example_inputs: Sequence[torch.Tensor]
     name: str | None = None
-    dummy: str = "zeros"
+    dummy: Literal["zeros", "example"] = "zeros"
     taps: Mapping[str, nn.Module] | None = None
     capture_registry: Any | None = None
     runner_knobs: dict[str, Any] = field(default_factory=dict)

@@ -72,7 +72,7 @@ class _HostSyncGuard(TorchDispatchMode):
         super().__init__()
         self.site = site
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         reason = host_sync_reason(func, args, kwargs)
         if reason is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 import pytest
@@ -30,14 +30,15 @@ from parity.plugin import activate
 from parity.plugin.hooks import resumed_test_ids, writes_session_rows
 from parity.plugin.lanes import KEEP_COMPILE_CACHE, suite_of
 from parity.plugin.report_fixture import SESSION, WRITER
-from parity.plugin.session import option, session_target
+from parity.plugin.session import RunSession, option, session_target
 from parity.plugin.short_names import device, report, run_dir, settings, target  # noqa: F401 - this folder's fixture names
 from parity.report import NOT_PROVIDED, not_provided_lines
 from parity.runners import modes_for
-from parity.suites.ar.support import ARModels, build_ar_models
+from parity.suites.ar.support import build_ar_models
 from parity.suites.device_memory import DeviceMemoryError
-from parity.suites.dit.support import DiTModels, build_dit_models, require_dit
-from parity.target import FAMILIES, TargetError, family_gap, not_selected, suite_plan
+from parity.suites.dit.support import build_dit_models
+from parity.suites.families import require_family
+from parity.target import FAMILIES, Target, TargetError, not_selected, suite_plan
 
 SUITES_DIR = Path(__file__).resolve().parent
 
@@ -261,23 +262,24 @@ def resident_or_skip(request: pytest.FixtureRequest, family: str, build: Callabl
         pytest.skip(str(err))
 
 
-@pytest.fixture
-def ar_models(
-    request: pytest.FixtureRequest, parity_settings: Any, parity_target: Any, tmp_path_factory: pytest.TempPathFactory
-) -> ARModels:
-    """The AR target, reference and golden (built once per session while resident)."""
-    reason = family_gap(parity_target, "ar")
-    if reason:
-        pytest.skip(reason)
-    build = lambda: build_ar_models(parity_settings, parity_target, tmp_path_factory)
-    return resident_or_skip(request, "ar", build, exclusive=parity_settings.size == "full")
+Models = TypeVar("Models")
 
 
-@pytest.fixture
-def dit_models(
-    request: pytest.FixtureRequest, parity_settings: Any, parity_target: Any, tmp_path_factory: pytest.TempPathFactory
-) -> DiTModels:
-    """The DiT target, reference and golden (built once per session while resident)."""
-    require_dit(parity_target)
-    build = lambda: build_dit_models(parity_target, parity_settings, tmp_path_factory)
-    return resident_or_skip(request, "dit", build, exclusive=parity_settings.size == "full")
+def family_models(key: str, build: Callable[[RunSession, Target, pytest.TempPathFactory], Models]) -> Callable[..., Models]:
+    """The fixture `FAMILIES[key].fixture` (`ar_models`, ...): the family's target, reference and
+    golden from `build(settings, target, tmp_path_factory)`, built once per session while resident;
+    a target that does not provide the family skips with `family_gap`'s reason."""
+
+    def models(
+        request: pytest.FixtureRequest, parity_settings: RunSession, parity_target: Target, tmp_path_factory: pytest.TempPathFactory
+    ) -> Models:
+        require_family(parity_target, key)
+        built = lambda: build(parity_settings, parity_target, tmp_path_factory)
+        return resident_or_skip(request, key, built, exclusive=parity_settings.size == "full")
+
+    models.__doc__ = f"The {FAMILIES[key].name} target, reference and golden (built once per session while resident)."
+    return pytest.fixture(name=FAMILIES[key].fixture)(models)
+
+
+ar_models = family_models("ar", build_ar_models)
+dit_models = family_models("dit", build_dit_models)

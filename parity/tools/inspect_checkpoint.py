@@ -94,17 +94,17 @@ def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", devi
     import torch
 
     from parity.target import FAMILIES, TargetError, resolve_target
-    from reference_models import release
     from reference_models.common import hf_checkpoint as hf
+    from reference_models.common import release_layout
     from reference_models.families import LAYOUTS as layouts
 
     reference = resolve_target("reference")
     directory = Path(directory)
     ok = True
-    data = release.read_config_json(directory)
+    data = release_layout.read_config_json(directory)
     names = hf.tensor_names(directory)
     _, _, source = hf.weight_files(directory)
-    layout = "release" if release.is_release_config(data) else "parity"
+    layout = "release" if release_layout.is_release_config(data) else "parity"
     lines = [f"checkpoint {directory}: {layout} layout; {len(names)} tensors in {source}"]
     flagged = tensor_problems(hf, directory)
     if flagged:
@@ -122,8 +122,7 @@ def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", devi
         lines.append(f"target: {exc}")
     for key, family in layouts.items():
         record = FAMILIES[key]  # the one definition of the family: its name, the member that loads it
-        own = {n: family.local_name(n) for n in names}
-        own = {n: found for n, found in own.items() if found is not None}
+        own = {n: found for n in names if (found := family.local_name(n)) is not None}
         keys = [k for k in family.config_keys if k in data]
         if not own:  # a release DiT directory states the LLM's width in llm_config without holding the LLM
             lines.append(f"{key}: not in this checkpoint" + (f" (config keys {', '.join(keys)}, no tensors)" if keys else ""))
@@ -140,10 +139,10 @@ def inspect_checkpoint(directory: str | Path, target_spec: str = "serving", devi
         lines.append(f"  recognised ({len(parsed.recognised)}):")
         width = max(len(k) for k in parsed.recognised)
         for key, (value, where) in parsed.recognised.items():
-            lines.append(f"    {key:<{width}} = {release.describe_value(value):<24} from {where}")
+            lines.append(f"    {key:<{width}} = {release_layout.describe_value(value):<24} from {where}")
         lines.append(f"  ignored ({len(parsed.ignored)}):")
         for path, value in parsed.ignored.items():
-            lines.append(f"    {path} = {release.describe_value(value, 40)}: {parsed.reasons.get(path, 'not read')}")
+            lines.append(f"    {path} = {release_layout.describe_value(value, 40)}: {parsed.reasons.get(path, 'not read')}")
         used = {n for n, (local, _) in own.items() if local is not None}
         known = {n: reason for n, (local, reason) in own.items() if local is None}
         lines.append(f"  tensors: {len(used)} of this family, {len(known)} known and not used")

@@ -9,7 +9,7 @@ from typing import Any
 
 
 def write_checkpoint(kind: str, size: str, seed: int, out_dir: Path, *, layout: str, **options: Any) -> Path:
-    """Write the checkpoint of `kind` ("ar", "dit" or "all") and return its directory."""
+    """Write the checkpoint of family `kind` (a key of `MAKERS`) and return its directory."""
     from reference_models.checkpoints import make_checkpoint
 
     return make_checkpoint(kind, size, seed, out_dir, layout=layout, **options)

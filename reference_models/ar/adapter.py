@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from reference_models import families
 from reference_models.ar.config import MammothModa2ARConfig
 from reference_models.ar.model import MammothModa2ForCausalLM, derive_gen_token_mask
 from reference_models.common import capture
@@ -91,7 +92,9 @@ class ReferenceARAdapter:
     def load(
         cls, checkpoint_dir: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
     ) -> ReferenceARAdapter:
-        return cls(MammothModa2ForCausalLM.from_pretrained(checkpoint_dir, device, dtype))
+        """From a parity or a release directory; the other families' tensors (`families.others`)
+        are theirs, not read."""
+        return cls(MammothModa2ForCausalLM.from_pretrained(checkpoint_dir, device, dtype, others=families.others("ar")))
 
     @classmethod
     def build(

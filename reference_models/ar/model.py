@@ -16,7 +16,7 @@ Where upstream computes in fp32 (RMSNorm, RoPE tables, softmax) this computes in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_models import families
 from reference_models.ar import release as ar_release
 from reference_models.ar.config import MammothModa2ARConfig
 from reference_models.common import hf_checkpoint
+from reference_models.common.release_layout import ReleaseLayout
 
 
 def upcast_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -428,12 +428,18 @@ class MammothModa2ForCausalLM(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+        cls,
+        directory: str | Path,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        *,
+        others: Iterable[ReleaseLayout] = (),
     ) -> MammothModa2ForCausalLM:
         """From a parity or a release directory (`reference_models.ar.release.load_ar`: the nested
-        config, the prefixed names; the other families' tensors left to them); `checkpoint_file_names`
+        config, the prefixed names; the tensors of `others`, the other families' layouts, left to
+        them: the caller passes them, so the model knows no registry); `checkpoint_file_names`
         keeps how the directory spells each tensor whose name differs from the module's."""
-        config, state_dict, spelt = ar_release.load_ar(directory, device=device, others=families.others("ar"))
+        config, state_dict, spelt = ar_release.load_ar(directory, device=device, others=others)
         model = cls.from_state_dict(config, state_dict, device, dtype, source=str(directory))
         model.checkpoint_file_names = {k: v for k, v in spelt.items() if k != v}
         return model

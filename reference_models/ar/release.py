@@ -73,7 +73,8 @@ def load_ar(
     does not use (the vision tower), are not read; in a parity-layout directory a tensor no family
     knows is, and the model's shape check refuses it as unexpected (a release lists such tensors in
     `inspect-checkpoint` instead). `others`: the other families' layouts, whose tensors are not
-    the AR's (`reference_models.families.others("ar")`; the model's `from_pretrained` passes them)."""
+    the AR's (`reference_models.families.others("ar")`; the reference adapter's `load` passes them
+    through the model's `from_pretrained`)."""
     directory = Path(directory)
     config_data = read_config_json(directory)
     parsed = parse_ar(config_data, str(directory / CONFIG_FILE))

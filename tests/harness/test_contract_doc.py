@@ -30,6 +30,7 @@ import pytest
 
 from parity import contract
 from parity.contract import REQUIREMENTS, Requirement
+from parity.target import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / contract.DOC
@@ -44,8 +45,9 @@ MESSAGE_FILES = sorted(p for p in (ROOT / "parity").rglob("*.py") if p != ROOT /
 # modules are left out: they patch the built-in target's internals on purpose.
 MEMBER_FILES = sorted(
     [
-        *(p for family in ("ar", "dit", "routing") for p in (ROOT / "parity" / "suites" / family).glob("*.py")),
+        *(p for family in FAMILIES for p in (ROOT / "parity" / "suites" / family).glob("*.py")),
         ROOT / "parity" / "suites" / "conftest.py",
+        ROOT / "parity" / "suites" / "families.py",
         ROOT / "parity" / "conformance.py",
     ]
 )

@@ -103,8 +103,8 @@ def test_the_tp2_run_reviews_clean_against_the_single_process_baseline(tp_run: S
 
 
 def test_without_the_family_column_every_baseline_row_is_compared(tp_run: SharedRun) -> None:
-    """The exclusion reads the baseline's `family` column: without it (a baseline written before
-    the column existed) the DiT rows are vanished again, so the exclusion is what makes the review clean."""
+    """The exclusion reads the baseline's `family` column: with it empty the DiT rows are vanished
+    again, so the exclusion is what makes the review clean."""
     baseline = load_rows(COMMITTED_CPU_BASELINE).assign(family="")
     comparison = compare_rows(baseline, tp_run.rows)
     assert not comparison.ok and comparison.vanished_gate_rows > 0

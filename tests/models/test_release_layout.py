@@ -1,4 +1,4 @@
-"""The release checkpoint layout (reference_models/release.py, docs/checkpoints.md): written by
+"""The release checkpoint layout (reference_models/common/release_layout.py, docs/checkpoints.md): written by
 `make-checkpoint --layout release`, read by both implementations and the example engine, inspected by
 `parity inspect-checkpoint`; the config read as upstream reads it; contradictions refused. The
 commands and the suite session run in this process (`parity.cli.main`, `tests.support.helpers.run_isolated_session`)."""
@@ -15,8 +15,9 @@ from safetensors.torch import save_file
 
 from parity.cli import main as parity_cli
 from reference_models.ar.adapter import ReferenceARAdapter
-from reference_models.checkpoints import make_checkpoint, random_state_dict
-from reference_models.release import ReleaseConfigError, parse_ar, write_release_checkpoint
+from reference_models.ar.config import parse_ar
+from reference_models.checkpoints import make_checkpoint, random_state_dict, write_release_checkpoint
+from reference_models.common.release_layout import ReleaseConfigError
 from serving_models.ar.config import MammothModa2ARConfig as ServingConfig
 from tests.support.helpers import run_isolated_session
 

@@ -1,6 +1,5 @@
 """A custom target's baseline is named by the `name` the target declares (run.json's
-`target_provenance`), not by its `--target` value: renaming the adapter module keeps the baseline.
-A baseline still named the old way is used, with one line saying how to rename it
+`target_provenance`), not by its `--target` value: renaming the adapter module keeps the baseline
 (docs/reports.md "Migrating"). The built-in targets keep their file names."""
 
 from __future__ import annotations
@@ -10,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from parity.cli import main
 from parity.report import RUN_INFO_FILE, write_run_info
-from parity.report.baseline import default_baseline_path, spec_baseline_path, write_baseline
+from parity.report.baseline import default_baseline_path, write_baseline
 from parity.report.review import format_review, load_review
 from tests.report.test_baseline_targets import run_rows, write_run
 from tests.support.helpers import run_pytest_in_pytester
@@ -46,22 +44,6 @@ def named_run(run_dir: Path, spec: str, name: str | None) -> Path:
 def test_the_baseline_file_is_named_by_the_declared_name(tmp_path: Path, spec: str, name: str | None, expected: str) -> None:
     run_dir = named_run(tmp_path / "run", spec, name)
     assert default_baseline_path(run_dir, run_rows(spec), tmp_path).name == expected
-
-
-def test_a_baseline_under_its_old_name_is_used_and_the_rename_is_said(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    baselines = tmp_path / "reports" / "baselines"
-    old = write_baseline(run_rows(PORTER), baselines / OLD_FILE)
-    run_dir = named_run(tmp_path / "reports" / "runs" / "r", PORTER, "myengine")
-    assert spec_baseline_path(run_dir, run_rows(PORTER)) == old
-    assert main(["review", str(run_dir)]) == 0
-    out = capsys.readouterr().out
-    said = [line for line in out.splitlines() if "used under its old name" in line]
-    assert len(said) == 1, out
-    assert f"mv {old} {baselines / 'cpu-fp32-myengine.csv'}" in said[0] and "'myengine'" in said[0], said
-    assert f"baseline {old}:" in out and "regressions: 0" in out, out
 
 
 def test_a_renamed_adapter_module_keeps_its_baseline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

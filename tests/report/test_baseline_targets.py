@@ -9,8 +9,16 @@ import pandas as pd
 import pytest
 
 from parity.cli import main
-from parity.report import COLUMNS, COMPLETE, write_run_info
-from parity.report.baseline import BaselineError, default_baseline_path, load_rows, write_baseline
+from parity.report import COLUMNS, COMPLETE, ReportError, write_run_info
+from parity.report.baseline import (
+    BASELINE_COLUMNS,
+    BaselineError,
+    check_baseline_target,
+    default_baseline_path,
+    load_rows,
+    write_baseline,
+)
+from parity.report.rundir import UnsafePathError
 
 pytestmark = pytest.mark.parity_cpu
 
@@ -92,3 +100,17 @@ def test_the_porters_write_baseline_lands_beside_the_committed_one(
     assert main(["review", str(run_dir), "--no-baseline", "--write-baseline", str(committed)]) == 1
     assert "refusing to overwrite the baseline" in capsys.readouterr().err
     assert committed.read_text() == before
+
+
+def test_a_baseline_without_a_column_is_refused_naming_it(tmp_path: Path) -> None:
+    """A baseline lacking a column (parity 0.4 wrote none of `tp` and `family`) is no baseline: a
+    review names the file and the columns, and `--write-baseline` does not overwrite it, `--force`
+    or not (regenerate it: remove the file first)."""
+    path = write_baseline(run_rows(), tmp_path / "cpu-fp32.csv")
+    pd.read_csv(path, keep_default_na=False).drop(columns=["tp", "family"]).to_csv(path, index=False)
+    with pytest.raises(ReportError, match=r"cpu-fp32\.csv: not a parity results file, missing columns \['tp', 'family'\]"):
+        load_rows(path, strict=True)
+    with pytest.raises(UnsafePathError, match=r"exists and is not a parity baseline \(no column tp\)"):
+        check_baseline_target(path)
+    path.unlink()
+    assert write_baseline(run_rows(), path).read_text().splitlines()[0].split(",") == list(BASELINE_COLUMNS)

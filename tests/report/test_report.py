@@ -65,12 +65,14 @@ def test_a_rows_bound_says_how_its_threshold_was_set(tmp_path: Path) -> None:
     assert read_results(tmp_path)["bound"].tolist() == ["fixed", "measured", ""]
 
 
-def test_results_written_before_the_bound_column_still_load(tmp_path: Path) -> None:
+def test_results_without_a_column_are_refused_naming_it(tmp_path: Path) -> None:
+    """A results file lacking a column (one written before `bound` existed) is not read with the
+    column made up empty: one line names the file and the column."""
     ReportWriter(tmp_path, CONTEXT).write(_row())
     frame = pd.read_csv(tmp_path / "results.csv", dtype=str, keep_default_na=False).drop(columns="bound")
     frame.to_csv(tmp_path / "results.csv", index=False)
-    loaded = read_results(tmp_path)
-    assert list(loaded.columns) == [c for c in COLUMNS if c != "bound"] + ["bound"] and loaded["bound"].tolist() == [""]
+    with pytest.raises(ReportError, match=r"results\.csv: not a parity results file, missing columns \['bound'\]"):
+        read_results(tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -224,18 +224,6 @@ def test_tie_flip_rows_are_judged_by_verdict(template: pd.Series) -> None:
     assert not compare_rows(one(template, value=64.0, **spec), one(template, value=10.0, verdict="fail", **spec)).ok
 
 
-def test_files_without_the_bound_column_still_load_and_compare(template: pd.Series, tmp_path: Path) -> None:
-    spec = dict(suite="routing", metric="rmse_vs_golden")
-    old = one(template, value=5.996e-9, threshold=2.18e-7, **spec)
-    path = tmp_path / "old.csv"
-    old[list(BASELINE_COLUMNS)].drop(columns="bound").to_csv(path, index=False)
-    loaded = load_rows(path)
-    assert list(loaded["bound"]) == [""]
-    # The run says how its bound was set; a baseline that does not say is read by the run's word.
-    assert compare_rows(loaded, one(template, value=8.116e-9, threshold=2.243e-7, bound="measured", **spec)).ok
-    assert not compare_rows(loaded, one(template, value=8.116e-9, threshold=2.243e-7, bound="fixed", **spec)).ok
-
-
 def test_rows_match_on_site_and_duplicates_match_in_order(template: pd.Series) -> None:
     old = rows(
         template,
@@ -380,26 +368,6 @@ def test_a_written_baseline_drops_volatile_columns_sorts_and_round_trips(suites_
     loaded = load_rows(path)
     assert compare_rows(loaded, frame).ok and compare_rows(loaded, frame).changed.empty
     assert len(loaded) == len(frame)
-
-
-def test_a_baseline_written_before_the_later_columns_is_audited_and_replaced(suites_run: SharedRun, tmp_path: Path) -> None:
-    """A baseline without `tp` and `family` (written by 0.4) is still a baseline: it is read whole,
-    audited, and `--write-baseline` replaces it (an older parity's file is never 'not a baseline')."""
-    from parity.report.rows import LATER_COLUMNS
-
-    frame = read_results(suites_run.run_dir)
-    path = write_baseline(frame, tmp_path / "old.csv")
-    old = pd.read_csv(path, keep_default_na=False).drop(columns=["tp", "family"])
-    old.to_csv(path, index=False)
-    assert {"tp", "family"} <= set(LATER_COLUMNS)
-    assert compare_rows(load_rows(path, strict=True), frame).ok
-    tampered = old.copy()
-    gate = tampered.index[(tampered["kind"] == "gate") & (tampered["verdict"] == "pass") & (tampered["bound"] == "fixed")][0]
-    tampered.loc[gate, "verdict"] = "fail"  # a verdict its numbers contradict: the audit still reads this file
-    tampered.to_csv(tmp_path / "tampered.csv", index=False)
-    with pytest.raises(BaselineError, match="tampered.csv"):
-        load_rows(tmp_path / "tampered.csv", strict=True)
-    assert write_baseline(frame, path).read_text().splitlines()[0].split(",") == list(BASELINE_COLUMNS)
 
 
 def test_a_failing_run_is_not_written_as_a_baseline(suites_run: SharedRun, tmp_path: Path) -> None:

@@ -214,15 +214,21 @@ def test_a_review_never_takes_a_users_file_from_review_dir(broken: bool, tmp_pat
     assert (notes.is_file() and outcome.code == 2) != broken, outcome.output
 
 
-def test_review_dir_of_an_older_parity_is_replaced_and_lists_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_review_dir_without_its_list_is_refused_and_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review/ that does not list its files (no `.parity-review`) is not known to be parity's,
+    whatever its files are called: refused with one line, nothing removed."""
     monkeypatch.chdir(tmp_path)
     run_dir = make_run(tmp_path / "run")
     (run_dir / "review").mkdir()
-    (run_dir / "review" / "numerics-ar.png").write_bytes(b"an old figure")
-    assert cli("review", run_dir, "--no-baseline").code == 0
+    (run_dir / "review" / "numerics-ar.png").write_bytes(b"a figure of unknown origin")
+    outcome = cli("review", run_dir, "--no-baseline")
+    assert outcome.code == 2 and "numerics-ar.png, which parity review did not write" in outcome.output, outcome.output
+    assert [p.name for p in (run_dir / "review").iterdir()] == ["numerics-ar.png"]
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".review")]  # no build directory left behind
+    (run_dir / "review" / "numerics-ar.png").unlink()
+    assert cli("review", run_dir, "--no-baseline").code == 0  # an empty review/ is taken
     listed = (run_dir / "review" / page_mod.REVIEW_MARKER).read_text().split()
     assert sorted(p.name for p in (run_dir / "review").iterdir()) == sorted([page_mod.REVIEW_MARKER, *listed])
-    assert not [p for p in run_dir.iterdir() if p.name.startswith(".review")]  # no build directory left behind
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def end(family: str) -> str:
 
 
 def has_vocabulary(family: str) -> bool:
-    return importlib.util.find_spec(f"parity.localise.families.{family}") is not None
+    return importlib.util.find_spec(FAMILY_VOCABULARIES[family].partition(":")[0]) is not None
 
 
 def stage_keys(vocab: Vocabulary, name: str) -> list[str]:

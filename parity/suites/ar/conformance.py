@@ -8,7 +8,6 @@ the member.
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any
 
 import torch
@@ -17,10 +16,10 @@ from parity.conformance import Checks, shape_text
 from parity.localise.validate import stage_map_report
 from parity.observe.taps import TapSet
 from parity.suites.ar.support import moe_observation
+from parity.suites.families import probe_loaders
 from parity.target import ARAdapter, CaptureRegistry
 from reference_models.ar.config import ar_config
-from reference_models.checkpoints import make_checkpoint, random_state_dict
-from reference_models.common.hf_checkpoint import load_state_dict
+from reference_models.checkpoints import random_state_dict
 
 
 def _is_tensor(value: Any, *shape: int) -> bool:
@@ -63,26 +62,13 @@ def probe(target: Any, device: str) -> list[str]:
     config = ar_config("tiny")
     width, hidden, layers = config.logits_width, config.hidden_size, config.num_hidden_layers
     checks = Checks("AR adapter")
-    with tempfile.TemporaryDirectory(prefix="parity-conformance-") as directory:
-        make_checkpoint("ar", "tiny", 0, directory)
-        names = set(load_state_dict(directory))
-        adapter = checks.obtain(
-            "target.load_ar(tiny checkpoint, device, float32)",
-            lambda: target.load_ar(directory, device, torch.float32),
-            "an AR adapter, docs/targets.md §3",
-        )
     state = random_state_dict(config, 0, device, torch.float32)
-    built = checks.obtain(
-        "target.build_ar(config, state_dict, device, float32)",
-        lambda: target.build_ar(config, state, device, torch.float32),
-        "an AR adapter, docs/targets.md §3",
+    loaded = probe_loaders(
+        checks, target, "ar", ARAdapter, config=config, state=state, device=device, expected="an AR adapter, docs/targets.md §3"
     )
-    if adapter is None or built is None or not checks.require(adapter, ARAdapter, "AR adapter"):
+    if loaded is None:
         return checks.done()
-    if not checks.require(built, ARAdapter, "AR adapter of build_ar"):
-        return checks.done()
-    checks.what = f"AR adapter {type(adapter).__name__}"
-    checks.expect(isinstance(adapter.name, str) and adapter.name != "", f"name must be a non-empty str, got {adapter.name!r}")
+    adapter, built, names = loaded
     checks.expect(
         isinstance(adapter.module, torch.nn.Module),
         f"module must be the nn.Module holding every parameter (weight_coverage records reads on it), got {type(adapter.module).__name__}",

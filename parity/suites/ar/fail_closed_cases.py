@@ -17,7 +17,7 @@ import torch
 
 from parity.contract import words
 from parity.runners.capture_isolated import CaptureCase
-from parity.target import load_target
+from parity.target import resolve_target
 from reference_models.checkpoints import make_checkpoint
 
 ENV_TARGET, ENV_SEED, ENV_DEVICE = "PARITY_FC_TARGET", "PARITY_FC_SEED", "PARITY_FC_DEVICE"
@@ -31,7 +31,7 @@ def _checkpoint():
 
 
 def _adapter():
-    target = load_target(os.environ.get(ENV_TARGET, "serving"))
+    target = resolve_target(os.environ.get(ENV_TARGET, "serving"))
     device = torch.device(os.environ.get(ENV_DEVICE, "cpu"))
     return target, target.load_ar(_checkpoint(), device, torch.float32), device
 

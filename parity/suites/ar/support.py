@@ -18,8 +18,10 @@ import torch
 
 from parity.cases import Count, NonNegative, Range, Steps, Table, load_case_file
 from parity.compare import NOT_APPLICABLE, Tolerance, Verdict, dtype_spacing, golden_noise_rule
+from parity.plugin.session import RunSession
 from parity.suites.ar import golden as ar_golden
 from parity.suites.device_memory import require_device_bytes
+from parity.target import ARAdapter, Target
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.ar.config import ar_config, token_layout
 from reference_models.checkpoints import make_checkpoint, random_state_dict
@@ -202,7 +204,7 @@ class ARModels:
     """The target under test, the reference in the same dtype and the fp64 golden (the truth the
     numeric gates measure both against, in every dtype)."""
 
-    target: Any
+    target: ARAdapter
     reference: ReferenceARAdapter
     golden: ReferenceARAdapter
     config: Any
@@ -238,7 +240,7 @@ class ARModels:
         return self._forward_once("golden", ids)
 
 
-def build_ar_models(settings: Any, target: Any, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
+def build_ar_models(settings: RunSession, target: Target, tmp_path_factory: pytest.TempPathFactory) -> ARModels:
     """The target, the reference in the same dtype and the fp64 golden, from one seed. The golden
     streams (`parity.suites.ar.golden`, docs/lanes.md §4): at tiny size from the checkpoint held on
     the host, at full size from the seeded draws, one unit at a time on the device."""

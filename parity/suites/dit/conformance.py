@@ -4,7 +4,6 @@ input (one velocity, the schedule, one sampling step, one decode), with its type
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any
 
 import torch
@@ -12,8 +11,8 @@ import torch
 from parity.conformance import Checks, shape_text
 from parity.localise.families.dit import JOINT_LAYOUTS, block_counts
 from parity.localise.validate import stage_map_report
+from parity.suites.families import probe_loaders
 from parity.target import DiTAdapter
-from reference_models.checkpoints import make_checkpoint
 from reference_models.dit.checkpoint import random_state_dict
 from reference_models.dit.config import config_for_size
 
@@ -21,25 +20,13 @@ from reference_models.dit.config import config_for_size
 def probe(target: Any, device: str) -> list[str]:
     config = config_for_size("tiny")
     checks = Checks("DiT adapter")
-    with tempfile.TemporaryDirectory(prefix="parity-conformance-") as directory:
-        make_checkpoint("dit", "tiny", 0, directory)
-        adapter = checks.obtain(
-            "target.load_dit(tiny checkpoint, device, float32)",
-            lambda: target.load_dit(directory, device, torch.float32),
-            "a DiT adapter, docs/targets.md §6",
-        )
     state = random_state_dict(config, 0, device, torch.float32)
-    built = checks.obtain(
-        "target.build_dit(config, state_dict, device, float32)",
-        lambda: target.build_dit(config, state, device, torch.float32),
-        "a DiT adapter, docs/targets.md §6",
+    loaded = probe_loaders(
+        checks, target, "dit", DiTAdapter, config=config, state=state, device=device, expected="a DiT adapter, docs/targets.md §6"
     )
-    if adapter is None or built is None or not checks.require(adapter, DiTAdapter, "DiT adapter"):
+    if loaded is None:
         return checks.done()
-    if not checks.require(built, DiTAdapter, "DiT adapter of build_dit"):
-        return checks.done()
-    checks.what = f"DiT adapter {type(adapter).__name__}"
-    checks.expect(isinstance(adapter.name, str) and adapter.name != "", f"name must be a non-empty str, got {adapter.name!r}")
+    adapter, _, _ = loaded
     checks.expect(
         isinstance(adapter.module, torch.nn.Module),
         f"module must be the DiT nn.Module (regional compile and the sampler's stand-in use it), got {type(adapter.module).__name__}",

@@ -32,8 +32,9 @@ from parity.compare.images import psnr
 from parity.contract import requirement
 from parity.observe.compile_ledger import CompileLedger, short_reason  # noqa: F401 - re-exported for the DiT suites
 from parity.observe.regional import compile_repeated_blocks
+from parity.plugin.session import RunSession
 from parity.suites.device_memory import require_device_memory
-from parity.target import family_gap
+from parity.target import DiTAdapter, Target
 from reference_models.checkpoints import make_checkpoint
 from reference_models.dit.adapter import ReferenceDiT
 from reference_models.dit.checkpoint import expected_shapes, random_state_dict
@@ -273,7 +274,7 @@ TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.flo
 class DiTModels:
     """The DiT under test and the truth, on the run's device."""
 
-    target: Any  # the target's DiT adapter, in the run's dtype
+    target: DiTAdapter  # the target's DiT adapter, in the run's dtype
     reference: ReferenceDiT  # the truth in the run's dtype: the noise the golden rule measures
     golden: ReferenceDiT  # the truth in fp64
     config: DiTConfig
@@ -283,14 +284,7 @@ class DiTModels:
     source: str  # where the weights came from, for report details
 
 
-def require_dit(target: Any) -> None:
-    """Skip (with the reason `parity.target.family_gap` gives) a target that provides no DiT."""
-    reason = family_gap(target, "dit")
-    if reason:
-        pytest.skip(reason)
-
-
-def build_dit_models(target: Any, settings: Any, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
+def build_dit_models(settings: RunSession, target: Target, tmp_path_factory: pytest.TempPathFactory) -> DiTModels:
     """The target's DiT, the reference in the same dtype and the fp64 golden."""
     device = torch.device(settings.device)
     dtype = TORCH_DTYPES[settings.dtype]

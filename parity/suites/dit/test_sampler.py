@@ -31,7 +31,8 @@ from torch import nn
 
 from parity.compare import AT_MOST, count_rule, equality_rule
 from parity.compare.diff import ulp_distance
-from parity.suites.dit.support import CASES, TORCH_DTYPES, DiTModels, SamplerCase, require_dit, require_size, text_inputs
+from parity.suites.dit.support import CASES, TORCH_DTYPES, DiTModels, SamplerCase, require_size, text_inputs
+from parity.suites.families import require_family
 from reference_models.checkpoints import make_checkpoint
 from reference_models.dit.adapter import ReferenceDiT
 
@@ -203,7 +204,7 @@ class SamplerAdapters:
 
 @pytest.fixture(scope="session")
 def sampler_adapters(target: Any, settings: Any, tmp_path_factory: pytest.TempPathFactory) -> SamplerAdapters:
-    require_dit(target)
+    require_family(target, "dit")
     return SamplerAdapters(target, settings, tmp_path_factory)
 
 

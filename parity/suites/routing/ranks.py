@@ -87,7 +87,7 @@ def _to_cpu(gathered: Any) -> dict[str, torch.Tensor]:
 
 def rank_worker(rank: int, job: RankJob) -> None:
     """One rank: route every rank- case both ways through the target's adapter, save to out_dir."""
-    from parity.target import load_target
+    from parity.target import resolve_target
 
     torch.set_num_threads(1)
     beat = Path(job.out_dir) / f"rank{rank}.alive"  # its heartbeat: touched at each step the parent waits through
@@ -105,7 +105,7 @@ def rank_worker(rank: int, job: RankJob) -> None:
     results: dict[str, Any] = {}
     beat.touch()
     try:
-        router = load_target(job.target).router()
+        router = resolve_target(job.target).router()
         spec: RankSpec = CASES["rank"]
         for case, kind in rank_case_names():
             hidden, logits, count, options = rank_inputs(case, kind, rank, device, job.seed)
