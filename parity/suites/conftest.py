@@ -271,7 +271,10 @@ def family_models(key: str, build: Callable[[RunSession, Target, pytest.TempPath
     a target that does not provide the family skips with `family_gap`'s reason."""
 
     def models(
-        request: pytest.FixtureRequest, parity_settings: RunSession, parity_target: Target, tmp_path_factory: pytest.TempPathFactory
+        request: pytest.FixtureRequest,
+        parity_settings: RunSession,
+        parity_target: Target,
+        tmp_path_factory: pytest.TempPathFactory,
     ) -> Models:
         require_family(parity_target, key)
         built = lambda: build(parity_settings, parity_target, tmp_path_factory)
