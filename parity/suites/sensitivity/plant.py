@@ -117,7 +117,7 @@ def provided_families(target: Any) -> frozenset[str]:
     return frozenset(key for key in FAMILIES if family_gap(target, key) is None)
 
 
-def not_applicable(entry: Planted, lane: str, families: frozenset[str], size: str = "tiny", seed: int = 0) -> str | None:
+def not_applicable(entry: Planted, lane: str, families: frozenset[str]) -> str | None:
     """Why `entry` cannot show on this run before any session (None: run it): a family the target
     does not provide, a lane where it is equivalent, or a change that finds nothing to change in
     the family's checkpoint."""
@@ -127,7 +127,7 @@ def not_applicable(entry: Planted, lane: str, families: frozenset[str], size: st
     if isinstance(kill, NotApplicable):
         return f"not applicable on the {lane} lane: {kill.reason}"
     if entry.tensors is not None or entry.config is not None:
-        state, config = reference_checkpoint(entry.family, kill.size, seed)
+        state, config = reference_checkpoint(entry.family, kill.size)
         try:
             if entry.tensors is not None:
                 entry.tensors(dict(state), config)
@@ -139,9 +139,9 @@ def not_applicable(entry: Planted, lane: str, families: frozenset[str], size: st
 
 
 @functools.lru_cache(maxsize=4)
-def reference_checkpoint(family: str, size: str, seed: int) -> tuple[Tensors, Any]:
-    """The family's random checkpoint as the suites draw it (meta tensors: only names, shapes and
-    config matter to the rules), with its config."""
+def reference_checkpoint(family: str, size: str) -> tuple[Tensors, Any]:
+    """The family's checkpoint as the suites draw it, on the meta device (only names, shapes and
+    the config matter to the rules, whatever the seed), with its config."""
     import torch
 
     if family == "ar":

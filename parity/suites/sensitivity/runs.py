@@ -238,7 +238,7 @@ class ChildSessions:
         """The session of planted mutant `name` against the run's target, at the run's
         tensor-parallel size; None when it does not apply (`plant.not_applicable`)."""
         entry, settings = PLANTED[name], self.settings
-        if not_applicable(entry, lane_of(settings.device), self.families, seed=getattr(settings, "seed", 0)) is not None:
+        if not_applicable(entry, lane_of(settings.device), self.families) is not None:
             return None
         kill = lane_kill(entry, settings.device, settings.tp)
         assert isinstance(kill, Kill)
@@ -252,7 +252,7 @@ class ChildSessions:
         kills = [
             lane_kill(entry, settings.device, settings.tp)
             for entry in PLANTED.values()
-            if not_applicable(entry, lane, self.families, seed=getattr(settings, "seed", 0)) is None
+            if not_applicable(entry, lane, self.families) is None
         ]
         sessions = []
         for index, (config, selection) in enumerate(selection_args([k for k in kills if isinstance(k, Kill)]).items()):

@@ -59,7 +59,7 @@ def sessions(
 def test_planted_mutant_is_killed(name: str, report, settings, target, sessions, tmp_path: Path) -> None:
     entry = PLANTED[name]
     lane = lane_of(settings.device)
-    reason = not_applicable(entry, lane, provided_families(target), seed=settings.seed)
+    reason = not_applicable(entry, lane, provided_families(target))
     if reason is not None:
         verdict = Verdict(NOT_APPLICABLE, "killed", None, None, f"{entry.defect} || {reason}", better=EQUAL)
         report.verdict(verdict, case=name, mode=entry.suite, site=entry.surface)
