@@ -44,7 +44,7 @@ from parity.target import FAMILIES, family_gap
 from reference_models.checkpoints import make_checkpoint
 from reference_models.common import hf_checkpoint
 from reference_models.common.release_layout import read_config_json
-from tests.support.helpers import PROJECT_ROOT
+from tests.support.helpers import PROJECT_ROOT, run_pytest_here
 from tests.support.shared_run import MINIMAL, SharedRun, copy_run
 
 MINIMAL_SPEC = MINIMAL.target
@@ -281,3 +281,22 @@ def test_a_widened_numerics_gate_lowers_the_score(
     after = mutation_score(rows, planted_on="minimal-ar")
     assert after.killed == before.killed - len(numerics) and after.applicable == before.applicable
     assert all(name in after.survivors for name in numerics) and "SURVIVED" in after.line()
+
+
+@pytest.mark.parity_slow
+@pytest.mark.parametrize(
+    "args, planted",
+    [([], False), (["--parity-suite", "numerics", "--parity-mutants"], True), (["--parity-suite", "target_mutants"], True)],
+    ids=["default", "suite-and-mutants", "suite-target-mutants"],
+)
+def test_the_planted_catalogue_runs_only_when_asked(args: list[str], planted: bool, tmp_path: Path) -> None:
+    """Left out silently without `--parity-mutants` (as the benchmarks are without their marker: no
+    row), kept beside a `--parity-suite` selection with it, and asked for by its suite's name too
+    (`--parity-mutants` alone: the minimal target's shared run)."""
+    files = [str(PROJECT_ROOT / "parity/suites" / name) for name in ("ar/test_numerics.py", "sensitivity/test_target_mutants.py")]
+    code, out = run_pytest_here(
+        [*files, "--co", "-q", "--parity-report-dir", str(tmp_path / "r"), *args], basetemp=tmp_path / "t"
+    )
+    assert code == 0, out[-2000:]
+    assert ("test_target_mutants.py::test_planted_mutant_is_killed" in out) == planted, out[-2000:]
+    assert ("test_numerics.py::" in out) == ("target_mutants" not in args), out[-2000:]
