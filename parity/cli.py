@@ -47,6 +47,7 @@ from parity.report import (
     read_results,
     read_run_info,
 )
+from parity.report.baseline import target_name
 from parity.target import FAMILIES
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
@@ -494,6 +495,9 @@ def _after_pytest(args: argparse.Namespace, run_dir: Path, argv: list[str], code
     score = mutation_score(rows)
     if score is not None:
         print(score.line())
+    planted = mutation_score(rows, planted_on=target_name(info))
+    if planted is not None:
+        print(planted.line())
     try:
         from parity.report.page import write_page
         from parity.report.review import load_review

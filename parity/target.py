@@ -312,13 +312,19 @@ def family_gap(target: object, family: str) -> str | None:
     return f"target {name!r} provides no {record.what} (no {', '.join(missing)}): the {family} suites do not apply"
 
 
-# Suites that need no model family of the target, and why one does not run for a target spec ("" runs).
-SUITES_WITHOUT_FAMILY: dict[str, Callable[[str, bool], str]] = {
-    "selfcheck": lambda spec, benchmarks: "",
-    "sensitivity": lambda spec, benchmarks: (
+# The report suite of the mutants planted in any target through the contract's surfaces
+# (`parity run --mutants`, docs/mutants.md "Your target's score").
+PLANTED_SUITE = "target_mutants"
+
+# Suites that need no model family of the target, and why one does not run for a target spec and
+# the run's switches (--benchmarks, --mutants) ("" runs).
+SUITES_WITHOUT_FAMILY: dict[str, Callable[[str, bool, bool], str]] = {
+    "selfcheck": lambda spec, benchmarks, mutants: "",
+    "sensitivity": lambda spec, benchmarks, mutants: (
         "" if spec == "serving" else "the mutant catalogue mutates the built-in serving target"
     ),
-    "benchmark": lambda spec, benchmarks: "" if benchmarks else "only with --benchmarks",
+    "benchmark": lambda spec, benchmarks, mutants: "" if benchmarks else "only with --benchmarks",
+    PLANTED_SUITE: lambda spec, benchmarks, mutants: "" if mutants else "only with --mutants",
 }
 
 
@@ -354,7 +360,7 @@ class SuitePlan:
         return bool(self.runs)
 
 
-def suite_plan(target: Any, spec: str, *, benchmarks: bool = False) -> list[SuitePlan]:
+def suite_plan(target: Any, spec: str, *, benchmarks: bool = False, mutants: bool = False) -> list[SuitePlan]:
     """Every report suite, in run order, and which of its families' tests run for `target`."""
     order = list(dict.fromkeys(s for family in FAMILIES.values() for s in family.suites))
     plans = []
@@ -366,7 +372,7 @@ def suite_plan(target: Any, spec: str, *, benchmarks: bool = False) -> list[Suit
                 (skipped.append((key, gap)) if gap else runs.append(key))
         plans.append(SuitePlan(suite, tuple(runs), tuple(skipped)))
     for suite, why in SUITES_WITHOUT_FAMILY.items():
-        reason = why(spec, benchmarks)
+        reason = why(spec, benchmarks, mutants)
         plans.append(SuitePlan(suite, () if reason else ("-",), (("-", reason),) if reason else ()))
     return plans
 

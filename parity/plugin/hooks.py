@@ -63,7 +63,7 @@ from parity.plugin.session import (
 )
 from parity.report import RESULTS_FILE, RUN_INFO_FILE, add_suite_seconds, format_summary, read_results, summarize
 from parity.report.rows import RowNotWritten
-from parity.target import TargetError
+from parity.target import PLANTED_SUITE, TargetError
 
 USAGE_ERRORS = pytest.StashKey[list[str]]()
 REFUSED = pytest.StashKey[str]()  # the line this process refused the session with, before any test
@@ -214,7 +214,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     CPU lane's thread count when parity tests run in this process."""
     session = config.stash[SESSION]
     lanes.mark_lanes(items, session.device, short=lanes.short_lanes(config))
-    wanted = set(session.suites)
+    _planted_only_with_mutants(config, items, session.mutants)
+    # --mutants beside a --suite selection: the planted catalogue runs too (docs/cli.md)
+    wanted = set(session.suites) | ({PLANTED_SUITE} if session.mutants and session.suites else set())
     known = {suite for item in items if (suite := lanes.suite_of(item)) is not None}
     unknown = sorted(wanted - known)
     if unknown:
@@ -242,6 +244,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     if session.device == "cpu" and any(lanes.is_parity_test(item) for item in items):
         lanes.set_cpu_threads()
+
+
+def _planted_only_with_mutants(config: pytest.Config, items: list[pytest.Item], mutants: bool) -> None:
+    """The planted catalogue (`target_mutants`) runs only when asked for (`--parity-mutants`): left
+    out without a row, as the benchmarks are without their marker."""
+    if mutants:
+        return
+    drop = [item for item in items if lanes.suite_of(item) == PLANTED_SUITE]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [item for item in items if lanes.suite_of(item) != PLANTED_SUITE]
 
 
 def resumed_test_ids(config: pytest.Config) -> set[str]:

@@ -187,6 +187,17 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         ),
     ),
     RunOption(
+        "mutants",
+        dict(
+            action="store_true",
+            default=False,
+            help=(
+                "after the suites, plant the target-level mutant catalogue in the target (through its checkpoint, "
+                "config, capture registry and calls) and print its mutation score (docs/mutants.md)"
+            ),
+        ),
+    ),
+    RunOption(
         "cases",
         dict(
             action="append",

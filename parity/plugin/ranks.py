@@ -48,8 +48,8 @@ VERDICT_EXITS = (0, 1)
 
 GROUP = pytest.StashKey["RankGroup"]()
 ACTIVE: RankGroup | None = None  # this process's group while a tensor-parallel session runs
-# Suites only rank 0 runs: the sensitivity suite's sessions start their own tensor-parallel groups.
-RANK0_ONLY_SUITES = ("sensitivity",)
+# Suites only rank 0 runs: the mutant catalogues' sessions start their own tensor-parallel groups.
+RANK0_ONLY_SUITES = ("sensitivity", "target_mutants")
 
 
 @dataclasses.dataclass(frozen=True)

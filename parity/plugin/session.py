@@ -55,7 +55,7 @@ from parity.report.rundir import (
     process_alive,
     read_owner,
 )
-from parity.target import Target, TargetError, factory_path, resolve_target
+from parity.target import PLANTED_SUITE, Target, TargetError, factory_path, resolve_target
 
 DEFAULT_REPORT_DIR = Path("reports") / "runs"  # relative to the directory pytest was started in
 WORKER_RUN_DIR = "parity_run_dir"  # key of the run directory in an xdist worker's workerinput
@@ -143,6 +143,7 @@ class RunSession:
     controller_pid: int = 0
     checkpoint_layout: str = "parity"
     tp: int = 1  # tensor-parallel ranks (parity.plugin.ranks)
+    mutants: bool = False  # --parity-mutants (or --parity-suite target_mutants): the planted catalogue runs
 
     @property
     def torch_dtype(self) -> Any:
@@ -191,6 +192,7 @@ class RunSession:
             controller_pid=controller,
             checkpoint_layout=option(config, "checkpoint_layout"),
             tp=option(config, "tp"),
+            mutants=bool(option(config, "mutants")) or PLANTED_SUITE in option(config, "suite"),
         )
         if worker_input is None and append and _is_run_dir(session.run_dir):
             session.check_append()

@@ -42,7 +42,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, SKIP, TIE_FLIP
-from parity.report.baseline import INFO_LIST_FACTOR, Comparison
+from parity.report.baseline import INFO_LIST_FACTOR, Comparison, target_name
 from parity.report.chains import (
     LINE_COLUMNS,
     Localised,
@@ -1060,6 +1060,23 @@ def sensitivity_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
     return "\n".join(body)
 
 
+def target_mutants_view(review: Review, rows: pd.DataFrame, assets: Assets) -> str:
+    """The planted catalogue: each mutant planted in this run's target, its surface, who had to kill it."""
+    killed = rows[rows["metric"] == "killed"]
+    shown = failing_first(killed if not killed.empty else rows).rename(
+        columns={"case": "mutant", "mode": "target_suite", "site": "surface"}
+    )
+    score = mutation_score(rows, planted_on=target_name(review.info))
+    headline = score.line() if score is not None else "no mutant rows"
+    body = [
+        f"<p>{esc(headline)}. Each mutant was planted in this target through its checkpoint, config, capture "
+        'registry or calls (docs/mutants.md, "Your target\'s score"); a survivor is a defect of that kind the suites '
+        "would let through on this target, a mutant not applicable is equivalent here (its reason says why).</p>",
+        table(shown, ("verdict", "mutant", "surface", "target_suite", "metric", "detail"), table_id="target-mutants-table"),
+    ]
+    return "\n".join(body)
+
+
 @dataclasses.dataclass(frozen=True)
 class SuiteView:
     """A section that reads one suite's rows; drawn only when that suite has rows in the run."""
@@ -1081,6 +1098,9 @@ SUITE_VIEWS = (
     SuiteView("image", "images", "Images", "Images", images_view),
     SuiteView("routing", "routing", "Routing audit", "Routing", routing_view),
     SuiteView("sensitivity", "sensitivity", "Sensitivity (mutants each suite must catch)", "Sensitivity", sensitivity_view),
+    SuiteView(
+        "target_mutants", "target-mutants", "Your target's score (mutants planted in it)", "Target mutants", target_mutants_view
+    ),
 )
 
 

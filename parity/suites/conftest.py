@@ -84,7 +84,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         target = session_target(config)
     except TargetError:
         return  # reported once, up front, by the plugin
-    plans = suite_plan(target, option(config, "target"), benchmarks=True)  # benchmarks: by their marker
+    # the benchmarks by their marker, the planted catalogue by --parity-mutants (parity.plugin.hooks)
+    plans = suite_plan(target, option(config, "target"), benchmarks=True, mutants=True)
     left_out: dict[tuple[str, str], list[pytest.Item]] = {}
     for item in items:
         suite, family = suite_of(item), family_of(item) or "-"
@@ -140,16 +141,19 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 def _catalogue_of_this_tp(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A run checks the mutants of its own tensor-parallel size (the sharding mutants at --tp 2,
-    the others in one process), and in a tensor-parallel run only rank 0 runs the catalogue: its
-    sessions use no collective of the run's, and each sharded session starts its own ranks."""
+    the others in one process), and in a tensor-parallel run only rank 0 runs the catalogues (the
+    built-in one and the planted one): their sessions use no collective of the run's, and each
+    sharded session starts its own ranks."""
     from parity.plugin.ranks import this_rank
     from parity.suites.sensitivity.catalogue import applies_at, lane_of
-    from parity.suites.sensitivity.runs import CATALOGUE, SENSITIVITY_MODULE
+    from parity.suites.sensitivity.runs import CATALOGUE, PLANTED_MODULE, SENSITIVITY_MODULE
 
     run = config.stash[SESSION]
     lane = lane_of(run.device)
 
     def kept(item: pytest.Item) -> bool:
+        if item.path.name == PLANTED_MODULE:  # planted before sharding: every mutant at any size, on rank 0
+            return this_rank() == 0
         if item.path.name != SENSITIVITY_MODULE:
             return True
         if this_rank() != 0:

@@ -14,8 +14,9 @@ from parity.suites.sensitivity import runs
 
 
 class FakeSessions:
-    def __init__(self, parallel: int, jobs: int | None) -> None:
+    def __init__(self, parallel: int, jobs: int | None, families: frozenset[str] = frozenset()) -> None:
         self.parallel, self.jobs, self.selected, self.closed = parallel, jobs, None, False
+        self.families = families
 
     def start_selected(self, items, tmp_path_factory) -> int:
         self.selected = list(items)
@@ -27,8 +28,8 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[FakeSessions]:
     servers: list[FakeSessions] = []
 
     @contextmanager
-    def fake_open(settings, parallel, jobs=None, *, covered=False):
-        servers.append(FakeSessions(parallel, jobs))
+    def fake_open(settings, parallel, jobs=None, *, covered=False, families=frozenset()):
+        servers.append(FakeSessions(parallel, jobs, families))
         try:
             yield servers[-1]
         finally:
@@ -89,6 +90,22 @@ def test_nothing_starts_early(case: str, opened, monkeypatch: pytest.MonkeyPatch
     assert opened == []
 
 
+@pytest.mark.parametrize("target", ["serving", "examples.minimal_target.parity_target:make_target"])
+def test_a_serial_run_of_any_target_starts_its_planted_sessions_early(
+    target: str, opened, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planted catalogue (`--parity-mutants`) runs against any target: its sessions start early
+    for any of them, the built-in catalogue's only for the built-in target, each with the families
+    the target provides (where a planted mutant applies)."""
+    monkeypatch.setattr(runs, "run_families", lambda config: frozenset({"ar"}))
+    session = _session("test_numerics.py", "test_sensitivity.py", "test_target_mutants.py")
+    with runs.start_early(session, _settings(target=target), tmp_path_factory=None):
+        (server,) = opened
+        names = [item.path.name for item in server.selected]
+        expected = ["test_sensitivity.py", "test_target_mutants.py"] if target == "serving" else ["test_target_mutants.py"]
+        assert names == expected and server.families == {"ar"}
+
+
 def test_child_sessions_never_start_sessions_early(monkeypatch: pytest.MonkeyPatch) -> None:
     """The server's environment pins one job, so a child session's own fixture stays idle."""
     seen = {}
@@ -107,6 +124,7 @@ def test_child_sessions_never_start_sessions_early(monkeypatch: pytest.MonkeyPat
     with runs.ChildSessions.open(_settings(), 2, jobs=1) as children:
         assert children.parallel == 2
     assert seen["jobs"] == 1 and seen["env"]["PARITY_SENSITIVITY_JOBS"] == "1"
+    assert seen["env"]["PARITY_PLANTED_ON"] == "serving"  # the target every planted mutant wraps
     monkeypatch.setenv("PARITY_SENSITIVITY_JOBS", seen["env"]["PARITY_SENSITIVITY_JOBS"])
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     assert runs.parallel_sessions("cpu") == 1

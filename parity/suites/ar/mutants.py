@@ -193,6 +193,24 @@ def _image_decode_blend() -> None:
 
 
 @mutant(
+    "unknown-row-keyed-as-text",
+    defect=(
+        "the runner reads a request whose next token's kind the host does not know (None: it may have sampled "
+        "image_start) as text: a batch of such rows and text rows replays the und-only graph, and a gen token there "
+        "gets the und expert (the rows of unknown kind must replay the blend)"
+    ),
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "keyed_decode and cpu_graph"),
+    cuda=(EXPERT_SELECTION, "-k", "keyed_decode and cuda_graph"),
+)
+def _unknown_row_as_text() -> None:
+    from serving_models.ar import runner as ar_runner
+
+    original = ar_runner.decode_graph_key
+    ar_runner.decode_graph_key = lambda generating: original([flag is True for flag in generating])
+
+
+@mutant(
     "capture-without-mask-fails-open",
     defect="capturing without a mask silently runs the und expert for every token instead of raising (vllm-project/vllm-omni#9764)",
     suite="fail_closed_capture",
@@ -429,6 +447,28 @@ def _patch_checkpoint_names(rewrite: Callable[[str, list[str]], list[str]]) -> N
 def _qkv_bias_swapped() -> None:
     def rewrite(name: str, parts: list[str]) -> list[str]:
         return [parts[0], parts[2], parts[1]] if name.endswith("qkv_proj.bias") else parts
+
+    _patch_checkpoint_names(rewrite)
+
+
+@mutant(
+    "experts-loaded-swapped",
+    defect=(
+        "the loader's name map fills the first MoE layer's und expert from gen_mlp's tensors and its gen expert from "
+        "mlp's: every tensor is read and every token takes the expert its id asks for, with the other expert's weights; "
+        "an observation through the target's own experts calls it right"
+    ),
+    suite="expert_selection",
+    tests=(EXPERT_SELECTION, "-k", "test_expert_selection and eager"),
+)
+def _experts_loaded_swapped() -> None:
+    swap = {".layers.2.mlp.": ".layers.2.gen_mlp.", ".layers.2.gen_mlp.": ".layers.2.mlp."}
+
+    def rewrite(name: str, parts: list[str]) -> list[str]:
+        for old, new in swap.items():
+            if old in name:
+                return [part.replace(old, new) for part in parts]
+        return parts
 
     _patch_checkpoint_names(rewrite)
 

@@ -324,6 +324,11 @@ class ExpertUse:
     matched: torch.Tensor  # bool [B, L]: the output is the chosen candidate's and not the other's
     distance_und: torch.Tensor  # max |out - (h + und(x))| per token
     distance_gen: torch.Tensor
+    # The same output judged by the reference's experts on the same input: True where it is nearer
+    # the reference's gen expert than its und expert (None: not judged). The target's own modules
+    # cannot tell which weights they hold: a loader that swapped the two experts' tensors routes
+    # every token "right" by its own modules, and only the reference's weights see it.
+    used_gen_by_reference: torch.Tensor | None = None
 
 
 def moe_observation(norm_call: Any, layer_call: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
@@ -361,11 +366,16 @@ def _candidate(expert: Any, x: torch.Tensor, residual: torch.Tensor, add_residua
 
 
 @torch.no_grad()
-def observe_expert_use(adapter: Any, taps: dict[str, list[Any]], tol: Tolerance) -> list[ExpertUse]:
+def observe_expert_use(adapter: Any, taps: dict[str, list[Any]], tol: Tolerance, reference: Any = None) -> list[ExpertUse]:
     """Match each token's layer output against `h + und(x)` and `h + gen(x)`, both computed in
     the model's dtype from the tapped input `x` and residual `h` (the rounding the layer itself
-    does), so the chosen expert matches to GEMM-shape rounding at any precision."""
+    does), so the chosen expert matches to GEMM-shape rounding at any precision. With `reference`
+    (an adapter of the same checkpoint), also which of the reference's two experts, on the same
+    `x`, the output is nearer (`ExpertUse.used_gen_by_reference`): no bound, only the nearer one, since
+    the two experts' weights differ far more than any rounding while the target's GEMM shapes do not
+    match the reference's."""
     ulps = CASES["observation"].residual_ulps
+    truth = {site.layer: site for site in reference.moe_sites()} if reference is not None else {}
     uses = []
     for site in adapter.moe_sites():
         (norm_call,) = taps[f"pre_norm.{site.layer}"]
@@ -384,17 +394,28 @@ def observe_expert_use(adapter: Any, taps: dict[str, list[Any]], tol: Tolerance)
             bound = bound + ulps * dtype_spacing(out64.abs().amax(-1), out.dtype)
         closer, farther = torch.minimum(d_und, d_gen), torch.maximum(d_und, d_gen)
         matched = (closer <= bound) & (farther > bound)
-        uses.append(ExpertUse(site.layer, used_gen.cpu(), matched.cpu(), d_und.cpu(), d_gen.cpu()))
+        by_reference = None
+        if site.layer in truth:
+            ref = truth[site.layer]
+            r_und = (out64 - _candidate(ref.und, x, residual, add_residual)).abs().amax(-1)
+            r_gen = (out64 - _candidate(ref.gen, x, residual, add_residual)).abs().amax(-1)
+            by_reference = (r_gen < r_und).cpu()
+        uses.append(ExpertUse(site.layer, used_gen.cpu(), matched.cpu(), d_und.cpu(), d_gen.cpu(), by_reference))
     return uses
 
 
 def routing_mismatches(use: ExpertUse, ids: torch.Tensor, start: int) -> list[str]:
-    """Tokens whose observed expert differs from the reference routing (`id >= start`)."""
+    """Tokens whose observed expert differs from the reference routing (`id >= start`), by the
+    target's own experts or, where judged, by the reference's weights."""
     expected = (ids >= start).cpu()
     bad = (use.used_gen != expected) | ~use.matched
+    if use.used_gen_by_reference is not None:
+        bad |= use.used_gen_by_reference != expected
     out = []
     for b, pos in bad.nonzero().tolist():
         got = "neither" if not use.matched[b, pos] else ("gen" if use.used_gen[b, pos] else "und")
+        if use.used_gen_by_reference is not None and bool(use.used_gen_by_reference[b, pos]) != bool(expected[b, pos]):
+            got += f", by the reference's weights {'gen' if use.used_gen_by_reference[b, pos] else 'und'}"
         want = "gen" if expected[b, pos] else "und"
         out.append(f"row {b} pos {pos} id {int(ids[b, pos])}: {got} (want {want})")
     return out

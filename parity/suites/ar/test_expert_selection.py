@@ -34,6 +34,7 @@ from parity.suites.ar.support import (
     token_tensor,
 )
 from parity.suites.conftest import require_graph_support
+from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.checkpoints import random_state_dict
 
 pytestmark = [pytest.mark.parity_suite("expert_selection"), pytest.mark.parity_keep_compile_cache]
@@ -50,8 +51,10 @@ def _prepare(models, mode: str, fn, example: tuple[torch.Tensor, ...], taps: dic
 
 
 def _record_routing(report, models, mode: str, case: str, ids: torch.Tensor, taps) -> None:
-    """One gate row per MoE layer: tokens whose observed expert differs from `id >= start`."""
-    for use in observe_expert_use(models.target, taps, TOL["expert_observation"]):
+    """One gate row per MoE layer: tokens whose observed expert differs from `id >= start`, by the
+    target's own experts and by the reference's weights (a loader that swapped the experts'
+    tensors routes every token "right" by its own modules)."""
+    for use in observe_expert_use(models.target, taps, TOL["expert_observation"], reference=models.reference):
         bad = routing_mismatches(use, ids, models.start)
         margin = float((use.distance_und - use.distance_gen).abs().min())
         detail = "; ".join(bad[:12]) + (f"; ... {len(bad) - 12} more" if len(bad) > 12 else "")
@@ -204,12 +207,20 @@ def test_keyed_decode_graphs_route_as_reference(mode: str, ar_models, report) ->
         with DecodeGraphs(models, mode, batch, taps=taps) as graphs:
             for prompt in prompts:
                 _keyed_decode_prompt(report, models, mode, graphs, prompt)
+                _keyed_decode_prompt(report, models, mode, graphs, prompt, unknown_row=True)
 
 
-def _keyed_decode_prompt(report, models, mode: str, graphs: DecodeGraphs, prompt: Prompt) -> None:
-    """One prompt through the keyed graphs: gate rows per MoE layer and for the gen-expert calls."""
+def _keyed_decode_prompt(report, models, mode: str, graphs: DecodeGraphs, prompt: Prompt, *, unknown_row: bool = False) -> None:
+    """One prompt through the keyed graphs: gate rows per MoE layer and for the gen-expert calls.
+
+    `unknown_row`: the host does not know the kind of row 0's token at any step (`None`: a request
+    that may have sampled `image_start`, docs/targets.md §3.2), the other rows' kinds it knows.
+    Such a batch must replay a graph that routes both kinds (the blend): every token routed as the
+    reference routes it is the whole check (case `keyed-decode-unknown-<prompt>`). A key that reads
+    None as text keys und-only and sends row 0's gen tokens to the und expert; one that reads it as
+    gen, or leaves the row out, does the same to its text tokens."""
     target = models.target
-    case = f"keyed-decode-{prompt.name}"
+    case = f"keyed-decode-{'unknown-' if unknown_row else ''}{prompt.name}"
     report.case, report.mode = case, mode  # an exception's error row names this case
     host_ids = token_tensor(prompt.rows, models.config, models.size, torch.device("cpu"))
     ids = host_ids.to(models.device)
@@ -219,23 +230,27 @@ def _keyed_decode_prompt(report, models, mode: str, graphs: DecodeGraphs, prompt
     single_kind_steps = {"und": 0, "gen": 0}  # steps whose batch holds text tokens only / gen tokens only
     other_expert_calls = {"und": 0, "gen": 0}  # calls of the expert such a step must not run
     for pos in range(length):
-        generating = (host_ids[:, pos] >= models.start).tolist()
+        generating: list[bool | None] = (host_ids[:, pos] >= models.start).tolist()
+        if unknown_row:
+            generating[0] = None
         result = graphs.run(ids[:, pos : pos + 1], torch.full((batch,), pos, device=models.device), generating)
-        per_step.append(observe_expert_use(target, result.taps, TOL["expert_observation"]))
-        kind = "gen" if all(generating) else "und" if not any(generating) else None
+        per_step.append(observe_expert_use(target, result.taps, TOL["expert_observation"], reference=models.reference))
+        kind = None if None in generating else "gen" if all(generating) else "und" if not any(generating) else None
         if kind is not None:
             other = "und" if kind == "gen" else "gen"
             single_kind_steps[kind] += 1
             other_expert_calls[kind] += sum(len(result.taps[f"{other}.{site.layer}"]) for site in target.moe_sites())
     replays = {str(key): count - before[key] for key, count in graphs.replays.items()}
     for uses in zip(*per_step, strict=True):  # one MoE layer, every step: [B, 1] per step -> [B, L]
-        fields = ("used_gen", "matched", "distance_und", "distance_gen")
-        use = ExpertUse(uses[0].layer, *(torch.cat([getattr(u, field) for u in uses], dim=1) for field in fields))
+        fields = ("used_gen", "matched", "distance_und", "distance_gen", "used_gen_by_reference")
+        use = ExpertUse(uses[0].layer, *(_joined([getattr(u, field) for u in uses]) for field in fields))
         bad = routing_mismatches(use, ids, models.start)
         detail = "; ".join(bad[:12]) + (f"; ... {len(bad) - 12} more" if len(bad) > 12 else "")
         detail = detail or f"{ids.numel()} tokens routed as the reference routes them"
         verdict = count_rule(len(bad), 0, metric="mismatched_tokens", at=AT_MOST, detail=f"{detail}; replays per key {replays}")
         report.verdict(verdict, case=case, mode=mode, site=f"layer.{use.layer}")
+    if unknown_row:  # no step of this pass holds one known kind only
+        return
     for kind, metric, held in (
         ("und", "gen_expert_calls_without_gen_tokens", "no gen token"),
         ("gen", "und_expert_calls_without_text_tokens", "gen tokens only"),
@@ -253,6 +268,11 @@ def _keyed_decode_prompt(report, models, mode: str, graphs: DecodeGraphs, prompt
             case=case,
             mode=mode,
         )
+
+
+def _joined(steps: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """Per-step [B, 1] observations as [B, L] (None when a step was not judged)."""
+    return None if any(step is None for step in steps) else torch.cat(steps, dim=1)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=ids_of(PROMPTS))
@@ -288,6 +308,7 @@ def test_moe_type_layer_range(case, ar_models, report, target) -> None:
     config = dataclasses.replace(models.config, moe_type=case.moe_type)
     state = random_state_dict(config, models.seed, models.device, models.dtype)
     variant = target.build_ar(config, state, models.device, models.dtype)
+    truth = ReferenceARAdapter.build(config, state, models.device, models.dtype)  # the variant's own reference
     layers = sorted(site.layer for site in variant.moe_sites())
     report.verdict(
         equality_rule(
@@ -301,4 +322,4 @@ def test_moe_type_layer_range(case, ar_models, report, target) -> None:
     ids = models.ids(PROMPTS[2].rows)  # mixed
     with make_runner("eager", device=models.device).prepare(variant.forward, (ids,), taps=moe_taps(variant)) as run:
         result = run(ids)
-    _record_routing(report, dataclasses.replace(models, target=variant), "eager", case.name, ids, result.taps)
+    _record_routing(report, dataclasses.replace(models, target=variant, reference=truth), "eager", case.name, ids, result.taps)

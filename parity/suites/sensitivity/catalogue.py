@@ -199,6 +199,11 @@ RUNNERS = FAMILY_TITLES["runners"]
 FAMILY_MODULES = (*(f"parity.suites.{key}.mutants" for key in FAMILIES), "parity.suites.selfcheck.mutants")
 
 
+# Sections of docs/mutants.md after the catalogue: the planted catalogue (any target's mutants),
+# whose module's `markdown()` writes its section.
+SECTION_MODULES = ("parity.suites.sensitivity.planted",)
+
+
 def all_mutants() -> dict[str, Mutant]:
     """The whole catalogue: every family module registers its mutants when imported."""
     for name in FAMILY_MODULES:
@@ -297,6 +302,8 @@ def markdown(catalogue: Mapping[str, Mutant] | None = None) -> str:
             )
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
+    for module in SECTION_MODULES:  # by name, as the family modules: they import this one
+        lines.append(importlib.import_module(module).markdown())
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -35,7 +35,9 @@ from parity.env import PROJECT_ROOT
 from parity.observe.progress import stall_limit
 from parity.plugin.options import plugin_load_args
 from parity.report import read_results
+from parity.suites.sensitivity import planted as _planted  # noqa: F401 - registers the planted catalogue
 from parity.suites.sensitivity.catalogue import Kill, NotApplicable, all_mutants, lane_of
+from parity.suites.sensitivity.plant import PLANTED, PLANTED_ON_ENV, lane_kill, not_applicable
 from parity.suites.sensitivity.sessions import DEFAULT_PRELOAD, PytestForkServer
 
 CATALOGUE = all_mutants()
@@ -65,9 +67,12 @@ PRELOAD = (
 ISOLATION = "parity.suites.sensitivity.isolation:isolated_session"
 EARLY_SESSIONS = pytest.StashKey["ChildSessions"]()
 SENSITIVITY_MODULE = "test_sensitivity.py"
+PLANTED_MODULE = "test_target_mutants.py"  # the planted catalogue (`plant.py`): any target
+CATALOGUE_MODULES = (SENSITIVITY_MODULE, PLANTED_MODULE)
 # Rough seconds of one session on the 2-core CPU machine, to balance batches (docs/mutants.md): a
-# control session, and a mutant whose selection compiles (a recompile lattice, Inductor) or not.
-CONTROL_COST, COMPILING_COST, MUTANT_COST = 40.0, 15.0, 1.0
+# control session, a mutant whose selection compiles (a recompile lattice, Inductor) or not, and a
+# planted mutant (it loads a transformed copy of the checkpoint before its tests).
+CONTROL_COST, COMPILING_COST, MUTANT_COST, PLANTED_COST = 40.0, 15.0, 1.0, 3.0
 
 
 def parallel_sessions(device: str = "cpu") -> int:
@@ -102,7 +107,7 @@ class Session:
 
     @property
     def is_control(self) -> bool:
-        return self.key[0] == "control"
+        return self.key[0] in ("control", "planted-control")
 
 
 def run_covers_seed_independent(items: Sequence[Any], settings: Any, *, root: Path = PROJECT_ROOT) -> bool:
@@ -146,20 +151,38 @@ class ChildSessions:
     Sessions started up front (in batches) are collected by key; a test whose session was not
     started runs it alone when it asks for the result."""
 
-    def __init__(self, server: PytestForkServer, settings: Any, parallel: int, *, covered: bool = False) -> None:
+    def __init__(
+        self,
+        server: PytestForkServer,
+        settings: Any,
+        parallel: int,
+        *,
+        covered: bool = False,
+        families: frozenset[str] = frozenset(),
+    ) -> None:
         self.server, self.settings, self.parallel = server, settings, parallel
         self.covered = covered  # the run runs the seed-independent files itself (controls leave them out)
+        self.families = families  # the model families the run's target provides (where planted mutants apply)
         self.started: dict[tuple, tuple[Any, int, Path]] = {}
 
     @classmethod
     @contextmanager
-    def open(cls, settings: Any, parallel: int, jobs: int | None = None, *, covered: bool = False) -> Iterator[ChildSessions]:
+    def open(
+        cls,
+        settings: Any,
+        parallel: int,
+        jobs: int | None = None,
+        *,
+        covered: bool = False,
+        families: frozenset[str] = frozenset(),
+    ) -> Iterator[ChildSessions]:
         """A server running `jobs` sessions at once (default `parallel`) until `all_cores`."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
         env["PARITY_SENSITIVITY_JOBS"] = "1"  # a child session never starts sessions of its own early
+        env[PLANTED_ON_ENV] = settings.target  # the target every planted mutant wraps (`plant.py`)
         with PytestForkServer(cwd=PROJECT_ROOT, env=env, preload=PRELOAD, jobs=jobs or parallel) as server:
-            yield cls(server, settings, parallel, covered=covered)
+            yield cls(server, settings, parallel, covered=covered, families=families)
 
     def all_cores(self) -> None:
         """The run's own tests now only wait for these sessions: run `parallel` of them at once."""
@@ -211,6 +234,33 @@ class ChildSessions:
         isolated = mutant.isolated or lane_of(self.settings.device) == "cuda"
         return Session(("mutant", name), mutant_args(name, kill), kill, out, cost, isolated=isolated)
 
+    def planted_session(self, name: str, out: Path) -> Session | None:
+        """The session of planted mutant `name` against the run's target, at the run's
+        tensor-parallel size; None when it does not apply (`plant.not_applicable`)."""
+        entry, settings = PLANTED[name], self.settings
+        if not_applicable(entry, lane_of(settings.device), self.families) is not None:
+            return None
+        kill = lane_kill(entry, settings.device, settings.tp)
+        assert isinstance(kill, Kill)
+        isolated = kill.tp > 1 or lane_of(settings.device) == "cuda"  # as the built-in mutants' (`mutant_session`)
+        return Session(("planted", name), planted_args(name, kill, settings), kill, out, PLANTED_COST, isolated=isolated)
+
+    def planted_control_sessions(self, seed: int, out: Path) -> list[Session]:
+        """The correct target under `seed` on every selection of the planted mutants that apply to
+        it, one session per configuration."""
+        settings, lane = self.settings, lane_of(self.settings.device)
+        kills = [
+            lane_kill(entry, settings.device, settings.tp)
+            for entry in PLANTED.values()
+            if not_applicable(entry, lane, self.families) is None
+        ]
+        sessions = []
+        for index, (config, selection) in enumerate(selection_args([k for k in kills if isinstance(k, Kill)]).items()):
+            args = [*selection, "--parity-target", settings.target, "--parity-seed", str(seed), *layout_args(settings)]
+            key = ("planted-control", seed, index)
+            sessions.append(Session(key, args, config, out / f"config-{index}", CONTROL_COST, isolated=config.tp > 1))
+        return sessions
+
     def start(self, sessions: Sequence[Session]) -> None:
         """Submit `sessions` as one batch, in this order, isolated from each other."""
         for session in sessions:
@@ -249,14 +299,16 @@ class ChildSessions:
 
     def planned(self, items: Sequence[pytest.Item], tmp_path_factory: pytest.TempPathFactory) -> list[Session]:
         """The sessions of the selected sensitivity tests among `items`."""
-        mine = [item for item in items if item.path.name == SENSITIVITY_MODULE and hasattr(item, "callspec")]
+        mine = [item for item in items if item.path.name in CATALOGUE_MODULES and hasattr(item, "callspec")]
         sessions: list[Session] = []
         for item in mine:
-            params = item.callspec.params
+            params, planted = item.callspec.params, item.path.name == PLANTED_MODULE
             if "seed" in params:
-                sessions += self.control_sessions(params["seed"], tmp_path_factory.mktemp(f"control-{params['seed']}"))
+                controls = self.planted_control_sessions if planted else self.control_sessions
+                sessions += controls(params["seed"], tmp_path_factory.mktemp(f"control-{params['seed']}"))
             elif "name" in params:
-                session = self.mutant_session(params["name"], tmp_path_factory.mktemp(f"mutant-{params['name']}"))
+                make = self.planted_session if planted else self.mutant_session
+                session = make(params["name"], tmp_path_factory.mktemp(f"mutant-{params['name']}"))
                 if session is not None:
                     sessions.append(session)
         return sessions
@@ -290,18 +342,46 @@ def start_early(session: pytest.Session, settings: Any, tmp_path_factory: pytest
     run's full-size ones: started only after the other suites, the sessions alone took 280 s of the
     H200 lane (four at a time), which did not leave the lane inside 10 minutes."""
     parallel = parallel_sessions(settings.device)
-    selected = [item for item in session.items if item.path.name == SENSITIVITY_MODULE]
-    if parallel < 2 or not selected or settings.target != "serving":
+    selected = [
+        item
+        for item in session.items
+        if item.path.name == PLANTED_MODULE or (item.path.name == SENSITIVITY_MODULE and settings.target == "serving")
+    ]
+    if parallel < 2 or not selected:
         yield
         return
     covered = run_covers_seed_independent(session.items, settings)
-    with ChildSessions.open(settings, parallel, jobs=parallel - 1, covered=covered) as children:
+    families = run_families(session.config) if any(item.path.name == PLANTED_MODULE for item in selected) else frozenset()
+    with ChildSessions.open(settings, parallel, jobs=parallel - 1, covered=covered, families=families) as children:
         children.start_selected(selected, tmp_path_factory)
         session.config.stash[EARLY_SESSIONS] = children
         try:
             yield
         finally:
             del session.config.stash[EARLY_SESSIONS]
+
+
+def run_families(config: pytest.Config) -> frozenset[str]:
+    """The model families the session's target provides (none when it does not resolve: the plugin
+    reports that once, up front)."""
+    from parity.plugin.session import session_target
+    from parity.suites.sensitivity.plant import provided_families
+    from parity.target import TargetError
+
+    try:
+        return provided_families(session_target(config))
+    except TargetError:
+        return frozenset()
+
+
+def layout_args(settings: Any) -> list[str]:
+    """The run's checkpoint layout, for a session of the run's own target (its loader may read only one)."""
+    layout = getattr(settings, "checkpoint_layout", "parity")
+    return ["--parity-checkpoint-layout", layout] if layout != "parity" else []
+
+
+def planted_args(name: str, kill: Kill, settings: Any) -> list[str]:
+    return [*kill.tests, "--parity-target", PLANTED[name].target, *layout_args(settings), "-x"]
 
 
 def mutant_args(name: str, kill: Kill) -> list[str]:
@@ -318,15 +398,24 @@ def control_selections(lane: str, seed: int = CONTROL_SEEDS[0], *, covered: bool
     (`parity/suites/sensitivity/selection.py`). The seed-independent selections
     (`SEED_INDEPENDENT`) only in the first seed's selection, and not at all when the run `covered`
     them itself (`run_covers_seed_independent`)."""
-    groups: dict[tuple[str, str | None, int], tuple[list[str], list[tuple[str, str | None]]]] = {}
+    kills = []
     for mutant in CATALOGUE.values():
         kill = mutant.on(lane)
         if isinstance(kill, NotApplicable) or kill.tp != tp:
             continue
+        if (covered or seed != CONTROL_SEEDS[0]) and _seed_independent(kill.tests[0], _expression(kill.tests)):
+            continue
+        kills.append(kill)
+    return selection_args(kills)
+
+
+def selection_args(kills: Sequence[Kill]) -> dict[Kill, list[str]]:
+    """The pytest selection of every test `kills` select, one per configuration (size, dtype, tp):
+    the files, and each `-k` applied to its own file only (`selection.py`)."""
+    groups: dict[tuple[str, str | None, int], tuple[list[str], list[tuple[str, str | None]]]] = {}
+    for kill in kills:
         path = kill.tests[0]
         expression = _expression(kill.tests)
-        if (covered or seed != CONTROL_SEEDS[0]) and _seed_independent(path, expression):
-            continue
         files, selections = groups.setdefault(kill.config, ([], []))
         files.append(path)
         if (path, expression) not in selections:

@@ -27,6 +27,7 @@ from parity.suites.sensitivity.runs import (
     CATALOGUE,
     CONTROL_SEEDS,
     EARLY_SESSIONS,
+    SENSITIVITY_MODULE,
     ChildSessions,
     parallel_sessions,
     run_covers_seed_independent,
@@ -47,7 +48,8 @@ def sessions(request: pytest.FixtureRequest, settings, tmp_path_factory: pytest.
     covered = run_covers_seed_independent(request.session.items, settings)
     with ChildSessions.open(settings, parallel_sessions(settings.device), covered=covered) as children:
         if children.parallel > 1 and settings.target == "serving":
-            children.start_selected(request.session.items, tmp_path_factory)
+            mine = [item for item in request.session.items if item.path.name == SENSITIVITY_MODULE]
+            children.start_selected(mine, tmp_path_factory)
         yield children
 
 
