@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
+import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -140,6 +142,33 @@ def _pick(call: tuple[Any, Any], where: Where) -> Any:
     elif where.layout == "heads":  # [B, L, H, D] -> [B, L, H * D]
         value = value.flatten(-2)
     return value
+
+
+_FRAMES = itertools.count()
+
+
+def fresh_frame(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` behind a code object of its own, for a compiled run that must trace the stage taps.
+
+    Dynamo caches compiled frames per code object and, by default, does not guard a cached graph on
+    the forward hooks of modules that had none when it was traced
+    (`torch._dynamo.config.skip_nnmodule_hook_guards`). A suite compiles the target's `forward`
+    first without the stage taps; a tapped run of the same `forward` would replay that graph and
+    record nothing. A new code object has an empty cache, so Dynamo traces it, and the modules it
+    inlines, with the taps as they are now; the graph dies with the wrapper (docs/localise.md §1)."""
+
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    code = observed.__code__.replace(co_name=f"parity_observed_{next(_FRAMES)}")
+    wrapper = types.FunctionType(code, observed.__globals__, code.co_name, observed.__defaults__, observed.__closure__)
+    wrapper.__qualname__ = f"{getattr(fn, '__qualname__', code.co_name)} (observed)"
+    return wrapper
+
+
+def unobserved_sites(compiled: Mapping[str, Recorded | None], eager: Mapping[str, Recorded | None]) -> list[str]:
+    """Sites the eager run recorded and the compiled run did not: its taps did not fire there."""
+    return [site for site, value in eager.items() if value is not None and compiled.get(site) is None]
 
 
 @dataclass(frozen=True)
