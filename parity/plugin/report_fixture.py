@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from parity.compare import ERROR, FAIL, PASS, TensorDiff, TreeDiff, Verdict, better_of
+from parity.observe.origin import error_line
 from parity.plugin.lanes import KEEP_COMPILE_CACHE, SUITE, is_parity_test, suite_of
 from parity.plugin.session import RunSession, session_target
 from parity.report import ReportWriter
+from parity.report.case_lines import split_rule
 
 SESSION = pytest.StashKey[RunSession]()
 WRITER = pytest.StashKey[ReportWriter]()
@@ -137,7 +139,7 @@ class SuiteReport:
         try:
             yield
         except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
+            message = error_line(exc)  # the type, where in the target's code it went wrong, the message
             self.record(case=case, mode=mode, site=site, metric="exception", value=None, verdict=ERROR, detail=message)
             from parity.plugin import ranks
 
@@ -149,12 +151,19 @@ class SuiteReport:
         return [r for r in self.rows if r["kind"] == "gate" and r["verdict"] in (FAIL, ERROR)]
 
     def failure_text(self) -> str:
-        lines = [
-            f"{r['suite']}/{r['case']}/{r['mode']}: {r['metric']}={r['value']} "
-            f"(threshold {r['threshold']}) {r['verdict']}: {r['detail']}"
-            for r in self.failures
-        ]
-        return f"{len(lines)} failing report row(s):\n" + "\n".join(lines)
+        """The test's failing rows, one line each; a tolerance rule's paragraph once, after them."""
+        lines, rules = [], []
+        for r in self.failures:
+            text, rule = split_rule(str(r["detail"]))
+            if rule and rule not in rules:
+                rules.append(rule)
+            at = f" @{r['site']}" if r.get("site") else ""
+            ref = f", rule {rules.index(rule) + 1}" if rule else ""
+            lines.append(
+                f"{r['suite']}/{r['case']}/{r['mode']}{at}: {r['metric']}={r['value']} (threshold {r['threshold']}{ref}) {r['verdict']}: {text}"
+            )
+        rules_text = "".join(f"\nrule {i}: {rule}" for i, rule in enumerate(rules, start=1))
+        return f"{len(lines)} failing report row(s):\n" + "\n".join(lines) + rules_text
 
 
 def default_case(item: pytest.Item) -> str:
