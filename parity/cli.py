@@ -47,6 +47,7 @@ from parity.report import (
     read_results,
     read_run_info,
 )
+from parity.report.case_lines import failing_cases_text
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 DEFAULT_REPORT_DIR = Path("reports") / "runs"  # relative to the directory parity runs in
@@ -466,6 +467,9 @@ def _after_pytest(args: argparse.Namespace, run_dir: Path, argv: list[str], code
     result, rows = outcome(run_dir), read_results(run_dir)
     print("\nparity summary")
     print(format_summary(result.summary, rows))
+    failing = failing_cases_text(rows, run_dir)  # one line per failing case, each rule once
+    if failing:
+        print(failing)
     print(f"\n{result.rows} rows: {run_dir / 'results.csv'}")
     score = mutation_score(rows)
     if score is not None:
