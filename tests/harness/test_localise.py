@@ -181,7 +181,7 @@ def test_a_repro_runs_on_its_own_in_another_directory(tmp_path: Path) -> None:
     )
     assert path == "repro/toy_case-eager/repro.py"
     directory = tmp_path / "repro" / "toy_case-eager"
-    assert {p.name for p in directory.iterdir()} == {"repro.py", "calls.pt", "inputs.safetensors", "weights.safetensors"}
+    assert {p.name for p in directory.iterdir()} == {"repro.py", "calls.json", "inputs.safetensors", "weights.safetensors"}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     start = time.perf_counter()
