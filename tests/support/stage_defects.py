@@ -92,6 +92,20 @@ def engine_gen_down_from_und() -> Any:
     return _on_load(parity_target.make_target(), change)
 
 
+def engine_gen_down_from_und_honest_map() -> Any:
+    """The same loader mix-up, with a name map that says so: layer 2's gen `down_proj` lists the und
+    expert's checkpoint tensor, and no parameter lists the gen expert's (weight_coverage's case)."""
+    from examples.engine_target import parity_target
+
+    def change(adapter: Any) -> None:
+        layer = adapter.module.layers[2]
+        layer.gen_mlp.down_proj.weight.data.copy_(layer.mlp.down_proj.weight.data)
+        names = adapter._checkpoint_names
+        names["layers.2.gen_mlp.down_proj.weight"] = list(names["layers.2.mlp.down_proj.weight"])
+
+    return _on_load(parity_target.make_target(), change)
+
+
 # ---- examples/llama_style_target (Llama-shaped, no hooks) ----
 
 
