@@ -36,6 +36,9 @@ _NEVER_CALLED = frozenset({"torch", "numpy", "safetensors", "pip", "setuptools",
 BUILT_IN_MODEL_PACKAGES = ("serving_models", "reference_models")
 
 
+_PLAIN_TYPES = {t.__name__: t for t in (bool, int, float, complex, str)}  # a type handed to a call (`dtype=float`)
+
+
 class EncodeError(ValueError):
     """A value of a call that this format cannot hold (the repro is not written; the row says why)."""
 
@@ -57,6 +60,15 @@ def encode(value: Any, tensors: dict[str, torch.Tensor], weights: dict[str, torc
     if isinstance(value, torch.Tensor):
         tensors[key] = value.detach().to("cpu").contiguous()
         return {tag: key}
+    if isinstance(value, type) and value.__module__ == "numpy" and hasattr(value, "dtype"):  # np.float32 as an argument
+        return {"$numpy_type": str(value.__name__)}
+    if isinstance(value, type) and _PLAIN_TYPES.get(value.__name__) is value:
+        return {"$type": value.__name__}
+    if type(value).__module__ == "numpy" and hasattr(value, "dtype"):  # a reference's host-side arrays and scalars
+        if getattr(value, "ndim", 0) == 0:
+            return {"$numpy_scalar": value.item(), "dtype": str(value.dtype)}
+        tensors[key] = torch.from_numpy(value.copy())
+        return {"$numpy": key, "store": tag}
     if isinstance(value, nn.Module):
         return {"$module": _encode_module(value, weights, f"{key}.", key)}
     if isinstance(value, torch.dtype):
@@ -153,6 +165,21 @@ class Decoder:
             return self._tensor(self.tensors, str(data["$tensor"]), "inputs.safetensors")
         if tag == "$weight":
             return self._tensor(self.weights, str(data["$weight"]), "weights.safetensors")
+        if tag == "$type":
+            if data["$type"] not in _PLAIN_TYPES:
+                raise ReproError(f"calls.json names type {data['$type']!r}; a repro holds only {', '.join(_PLAIN_TYPES)}")
+            return _PLAIN_TYPES[data["$type"]]
+        if tag in ("$numpy", "$numpy_scalar", "$numpy_type"):
+            import numpy
+
+            if tag == "$numpy_type":
+                return numpy.dtype(str(data["$numpy_type"])).type
+            if tag == "$numpy_scalar":
+                return numpy.dtype(str(data["dtype"])).type(data["$numpy_scalar"])
+            store = self.weights if data.get("store") == "$weight" else self.tensors
+            if str(data["$numpy"]) not in store:
+                raise ReproError(f"a safetensors file has no tensor {data['$numpy']!r}: not the one this repro was written with")
+            return store[str(data["$numpy"])].numpy()
         if tag == "$module":
             return self.module(data["$module"])
         if tag == "$dtype":
