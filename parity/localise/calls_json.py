@@ -32,8 +32,6 @@ from torch import nn
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__) - {"training"}
 # Packages whose functions a repro never calls (they reach the file system, the network, processes).
 _NEVER_CALLED = frozenset({"torch", "numpy", "safetensors", "pip", "setuptools", "pkg_resources", "_pytest", "pytest"})
-# The built-in model packages a repro may name besides its target's (docs/layout.md §1).
-BUILT_IN_MODEL_PACKAGES = ("serving_models", "reference_models")
 
 
 _PLAIN_TYPES = {t.__name__: t for t in (bool, int, float, complex, str)}  # a type handed to a call (`dtype=float`)

@@ -1,7 +1,7 @@
 """A repro directory is data: replaying one runs no code that came with it, and a broken one is one line.
 
-`python -m parity.localise.replay DIR` reads `calls.json` and two safetensors files (docs/localise.md
-§5). A pickle planted in the directory is refused unread; a `calls.json` naming the standard
+`python -m parity.localise.replay DIR` reads `calls.json` and two safetensors files
+(docs/localise.md §5). A pickle planted in the directory is refused unread; a `calls.json` naming the standard
 library is refused; a damaged or partial directory, or a model package that is not importable
 where the repro runs, is one line saying what to do, exit status 2.
 """
