@@ -131,6 +131,7 @@ def test_a_rule_paragraph_is_printed_once_per_suite_and_lines_stay_short(tmp_pat
         ]
     )
     run_dir = run_with(tmp_path / "run", rows)
+    assert sum(RULE.strip() in detail for detail in load_rows(run_dir)["detail"]) == 9  # a line per row would repeat it 9 times
     text = format_review(load_review(run_dir, use_default_baseline=False))
     assert text.count(RULE.strip()) == 1, text
     assert "  rule 1: " + RULE.strip() in text

@@ -16,6 +16,7 @@ from torch import nn
 
 from examples.engine_target.engine import RMSNorm as EngineRMSNorm
 from examples.llama_style_target.model import RMSNorm as LlamaRMSNorm
+from examples.llama_style_target.model import TwoExperts
 
 
 class Defect(NamedTuple):
@@ -46,6 +47,16 @@ class LlamaEpsOutsideSqrt(LlamaRMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _eps_outside_sqrt(self, x, self.eps)
+
+
+class HostReadExperts(TwoExperts):
+    """The experts with a shortcut a porter adds: skip the image expert when no token needs it,
+    asked on the host (`bool(mask.any())`), which a captured or compiled graph cannot do."""
+
+    def forward(self, h: torch.Tensor, gen_mask: torch.Tensor | None) -> torch.Tensor:
+        if gen_mask is None or self.image is None or not bool(gen_mask.any()):  # the host read
+            return self.text(h)
+        return torch.where(gen_mask[..., None], self.image(h), self.text(h))
 
 
 def _on_load(target: Any, change: Any) -> Any:
@@ -138,6 +149,17 @@ def llama_rotary_theta() -> Any:
 
     def change(adapter: Any) -> None:
         adapter.module.layers[1].attention.rotary.theta = 10000.0
+
+    return _on_load(parity_target.make_target(), change)
+
+
+def llama_host_read() -> Any:
+    """Every MoE layer's experts read the gen mask on the host (an error in the graph modes)."""
+    from examples.llama_style_target import parity_target
+
+    def change(adapter: Any) -> None:
+        for block in adapter.module.layers:
+            block.ffn.__class__ = HostReadExperts
 
     return _on_load(parity_target.make_target(), change)
 
