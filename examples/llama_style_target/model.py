@@ -207,11 +207,11 @@ class TwoExperts(nn.Module):
         self.text = FeedForward(args.dim, args.ffn_dim)
         self.image = FeedForward(args.dim, args.ffn_dim) if layer in args.image_layers else None
 
-    def forward(self, h: torch.Tensor, gen_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, gen_mask: torch.Tensor | None, capturing: bool = False) -> torch.Tensor:
         if self.image is None:
             return self.text(h)
         if gen_mask is None:
-            if not torch.compiler.is_compiling() and PROBES.is_capturing(h.device):
+            if capturing:
                 raise RuntimeError(
                     f"model.layers.{self.layer}: no gen-token mask while a graph is captured, so the experts cannot be "
                     "chosen per token; serve this request with enforce_eager=True (PIECEWISE is not a workaround: "
@@ -235,9 +235,10 @@ class Block(nn.Module):
         positions: torch.Tensor,
         gen_mask: torch.Tensor | None,
         cache: tuple[torch.Tensor, torch.Tensor] | None,
+        capturing: bool = False,
     ) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), positions, cache)
-        return h + self.ffn(self.ffn_norm(h), gen_mask)
+        return h + self.ffn(self.ffn_norm(h), gen_mask, capturing)
 
 
 class Transformer(nn.Module):
@@ -274,9 +275,11 @@ class Transformer(nn.Module):
         if gen_mask is None and tokens is not None:
             gen_mask = tokens >= self.args.gen_start
         h = self.embed(tokens) if embeddings is None else embeddings
+        # asked once per forward, ids or not (a traced graph cannot ask: compiled code is never capturing here)
+        capturing = not torch.compiler.is_compiling() and PROBES.is_capturing(h.device)
         states = []
         for i, block in enumerate(self.layers):
-            h = block(h, positions, gen_mask, None if caches is None else caches[i])
+            h = block(h, positions, gen_mask, None if caches is None else caches[i], capturing)
             states.append(h)
         return self.norm(h), states
 

@@ -53,7 +53,7 @@ class HostReadExperts(TwoExperts):
     """The experts with a shortcut a porter adds: skip the image expert when no token needs it,
     asked on the host (`bool(mask.any())`), which a captured or compiled graph cannot do."""
 
-    def forward(self, h: torch.Tensor, gen_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, gen_mask: torch.Tensor | None, capturing: bool = False) -> torch.Tensor:
         if gen_mask is None or self.image is None or not bool(gen_mask.any()):  # the host read
             return self.text(h)
         return torch.where(gen_mask[..., None], self.image(h), self.text(h))
