@@ -207,8 +207,11 @@ def fresh_frame(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def unobserved_sites(compiled: Mapping[str, Recorded | None], eager: Mapping[str, Recorded | None]) -> list[str]:
-    """Sites the eager run recorded and the compiled run did not: its taps did not fire there."""
-    return [site for site, value in eager.items() if value is not None and compiled.get(site) is None]
+    """Module sites the eager run recorded and the compiled run did not: its taps did not fire there
+    (a function stage is recorded in eager runs only, by design)."""
+    return [
+        site for site, value in eager.items() if value is not None and isinstance(value.where, Tap) and compiled.get(site) is None
+    ]
 
 
 @dataclass(frozen=True)

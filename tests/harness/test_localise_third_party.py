@@ -19,7 +19,9 @@ import pytest
 import torch
 
 import parity.suites.ar.localise as ar_localise
+from parity.localise.observe import Recorded, unobserved_sites
 from parity.localise.rows import BLAME_METRIC
+from parity.localise.stages import Call, Tap
 from parity.observe.compile_ledger import reset_compile_state
 from parity.report import read_results
 from parity.runners import make_runner
@@ -55,6 +57,19 @@ def test_a_planted_defect_is_localised_to_its_stage_in_every_mode(defect: str, t
         what,
         frame[frame["metric"] == BLAME_METRIC][["mode", "site", "detail"]].to_string(),
     )
+
+
+def test_only_module_taps_that_did_not_fire_count_as_unobserved() -> None:
+    """A function stage is recorded in eager runs only, by design: its absence from a compiled run
+    is no sign that the graph skipped the taps (else every target with a `Call` would fall back)."""
+    value = torch.zeros(1)
+    eager = {
+        "layer.0.q": Recorded(value, Tap("layers.0.q")),
+        "layer.0.q_rope": Recorded(value, Call("engine.kernels:rope")),
+        "layer.0.k": None,
+    }
+    assert unobserved_sites({"layer.0.q": None, "layer.0.q_rope": None}, eager) == ["layer.0.q"]
+    assert unobserved_sites({"layer.0.q": Recorded(value, Tap("layers.0.q"))}, eager) == []
 
 
 def _llama_models(tmp_path: Path) -> ARModels:
