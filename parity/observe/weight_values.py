@@ -11,7 +11,8 @@ holds that tensor's values.
 forms loaders store tensors: the whole parameter, rows of a fused parameter (`qkv_proj` holds
 q, k and v as row blocks; rows in any order, as a loader that permutes q/k rows for interleaved
 rotary stores them), columns of one (a fused input dimension), the transpose, or a contiguous
-piece of a fused 1-D parameter (a fused bias). A loader that transforms a tensor's values (folds a
+piece of a fused 1-D parameter (a fused bias). On a rank of a tensor-parallel run a parameter
+holds its shard: at least 1/N of the tensor's rows or columns (docs/targets.md §11). A loader that transforms a tensor's values (folds a
 scale into it, stores `1 + w`) holds none of them: its tensors are reported as not received.
 """
 
@@ -39,19 +40,26 @@ def _segment(haystack: torch.Tensor, needle: torch.Tensor) -> bool:
     return any(torch.equal(haystack[s : s + n], needle) for s in starts)
 
 
-def holds(parameter: torch.Tensor, tensor: torch.Tensor, rows: Callable[[torch.Tensor], set[bytes]] = _rows) -> bool:
+def holds(
+    parameter: torch.Tensor, tensor: torch.Tensor, rows: Callable[[torch.Tensor], set[bytes]] = _rows, *, shards: int = 1
+) -> bool:
     """Whether `parameter` holds `tensor`'s values in one of the forms a loader stores them
-    (`rows`: the row sets of a 2-D tensor, cached by a caller comparing many pairs)."""
+    (`rows`: the row sets of a 2-D tensor, cached by a caller comparing many pairs). `shards`: the
+    tensor-parallel size; a rank holds its part, at least 1/`shards` of the tensor's rows or
+    columns (1-D: one of its `shards` equal pieces)."""
     p = parameter.detach().cpu()
     t = tensor.detach().cpu().to(p.dtype)
     if p.shape == t.shape and torch.equal(p, t):
         return True
     if p.dim() == 1 and t.dim() == 1:
-        return _segment(p, t)
+        return any(_segment(p, piece) for piece in (t.chunk(shards) if shards > 1 else (t,)))
     if p.dim() != 2 or t.dim() != 2:
         return p.numel() == t.numel() and torch.equal(p.reshape(-1), t.reshape(-1))
     for a, b in ((p, t), (p.t(), t), (p, t.t()), (p.t(), t.t())):
-        if a.shape[1] == b.shape[1] and a.shape[0] >= b.shape[0] and _rows(b) <= rows(a):
+        if a.shape[1] != b.shape[1]:
+            continue
+        wanted = _rows(b)
+        if len(wanted & rows(a)) >= max(len(wanted) // shards, 1):
             return True
     return False
 
@@ -76,8 +84,11 @@ def placement(
     module: nn.Module,
     tensors: Iterable[tuple[str, torch.Tensor]],
     name_map: Callable[[str], Iterable[str]],
+    *,
+    shards: int = 1,
 ) -> Placement:
-    """Which parameter of `module` holds each checkpoint tensor, and which name-map pairs do not hold."""
+    """Which parameter of `module` holds each checkpoint tensor, and which name-map pairs do not hold
+    (`shards`: the tensor-parallel size, `module` being one rank's shard)."""
     params = dict(module.named_parameters(remove_duplicate=False))
     cache: dict[tuple[int, tuple[int, ...], tuple[int, ...]], set[bytes]] = {}
 
@@ -91,7 +102,9 @@ def placement(
     values: dict[str, torch.Tensor] = {}
     for name, tensor in tensors:
         values[name] = tensor
-        held_by[name] = tuple(p for p, param in params.items() if _may_hold(param, tensor) and holds(param, tensor, rows))
+        held_by[name] = tuple(
+            p for p, param in params.items() if _may_hold(param, tensor, shards) and holds(param, tensor, rows, shards=shards)
+        )
     misplaced = []
     for p in params:
         for name in name_map(p):
@@ -100,9 +113,9 @@ def placement(
     return Placement(held_by, tuple(misplaced))
 
 
-def _may_hold(param: torch.Tensor, tensor: torch.Tensor) -> bool:
+def _may_hold(param: torch.Tensor, tensor: torch.Tensor, shards: int = 1) -> bool:
     """A cheap shape test before comparing values: enough elements, and a dimension in common for 2-D."""
-    if param.numel() < tensor.numel():
+    if param.numel() * shards < tensor.numel():
         return False
     if param.dim() == 2 and tensor.dim() == 2:
         return bool(set(param.shape) & set(tensor.shape))

@@ -39,6 +39,16 @@ def test_a_parameter_holds_a_tensor_in_the_forms_loaders_store_it() -> None:
     assert not holds(fused, q + 1e-6)  # a transformed tensor is not held
 
 
+def test_a_rank_holds_its_shard_of_a_tensor_parallel_tensor() -> None:
+    g = torch.Generator().manual_seed(2)
+    weight, bias = torch.randn(8, 6, generator=g), torch.randn(8, generator=g)
+    column, row = weight.chunk(2, dim=0)[1], weight.chunk(2, dim=1)[0]  # column- and row-parallel shards
+    for shard in (column, row):
+        assert holds(shard, weight, shards=2) and not holds(shard, weight)  # a part is not the whole
+    assert holds(bias.chunk(2)[0], bias, shards=2) and not holds(bias.chunk(2)[0], bias)
+    assert not holds(weight.chunk(4, dim=0)[0], weight, shards=2)  # a quarter is not a rank's half
+
+
 class Pair(nn.Module):
     def __init__(self) -> None:
         super().__init__()

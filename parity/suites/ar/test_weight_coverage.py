@@ -52,7 +52,7 @@ def _calls(adapter, device: torch.device):
 
 
 @pytest.mark.parametrize("implementation", ["target", "reference"])
-def test_every_checkpoint_tensor_is_read(implementation: str, tiny_checkpoint, target, device, report) -> None:
+def test_every_checkpoint_tensor_is_read(implementation: str, tiny_checkpoint, target, device, report, settings) -> None:
     if implementation == "target":
         adapter = target.load_ar(tiny_checkpoint, device, torch.float32)
     else:
@@ -75,7 +75,7 @@ def test_every_checkpoint_tensor_is_read(implementation: str, tiny_checkpoint, t
         detail=f"{len(result.read)} of {len(names)} tensors read over {len(_calls(adapter, device))} calls",
     )
     tensors = {name: tensor for path in checkpoint_files(tiny_checkpoint) for name, tensor in load_file(path).items()}
-    placed = placement(adapter.module, tensors.items(), lambda p: name_map.get(p, []))
+    placed = placement(adapter.module, tensors.items(), lambda p: name_map.get(p, []), shards=settings.tp)
     unreceived, misplaced = describe(placed)
     report.verdict(count_rule(len(placed.unreceived), 0, metric="unreceived_tensors", at=AT_MOST, detail=unreceived), case=case)
     report.verdict(count_rule(len(placed.misplaced), 0, metric="misplaced_tensors", at=AT_MOST, detail=misplaced), case=case)
