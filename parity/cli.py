@@ -48,6 +48,7 @@ from parity.report import (
     read_run_info,
 )
 from parity.report.baseline import target_name
+from parity.report.case_lines import failing_cases_text
 from parity.target import FAMILIES
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
@@ -491,6 +492,9 @@ def _after_pytest(args: argparse.Namespace, run_dir: Path, argv: list[str], code
     result, rows = outcome(run_dir), read_results(run_dir)
     print("\nparity summary")
     print(format_summary(result.summary, rows))
+    failing = failing_cases_text(rows, run_dir)  # one line per failing case, each rule once
+    if failing:
+        print(failing)
     print(f"\n{result.rows} rows: {run_dir / 'results.csv'}")
     score = mutation_score(rows)
     if score is not None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
+import re
+import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +21,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from parity.localise.stages import Call, Layers, StageMap, Tap, Vocabulary, Where, alternatives, parse_map, sites_of
+from parity.localise.stages import (
+    Call,
+    Layers,
+    StageMap,
+    Tap,
+    Vocabulary,
+    Where,
+    alternatives,
+    did_you_mean,
+    parse_map,
+    sites_of,
+)
 from parity.observe.taps import Taps, TapSet
 
 
@@ -79,20 +93,48 @@ def resolve(root: nn.Module | None, stage_map: StageMap, vocabulary: Vocabulary,
 
 
 def missing_paths(root: nn.Module | None, stage_map: StageMap, layers: Layers, *, who: str) -> list[str]:
-    """A declared module that exists on no layer, or a function that cannot be imported: one line each."""
+    """A declared module that exists on no layer, or a function that cannot be imported: one line
+    each, with the model's (or the module's) nearest names."""
     problems = []
     stage_map, _ = parse_map(stage_map, who=who)
     layers = max(layers.values(), default=0) if isinstance(layers, Mapping) else layers
+    module_paths: list[str] | None = None
     for key, declaration in stage_map.items():
         for where in alternatives(declaration):
             if isinstance(where, Call) and not _function_exists(where.function):
-                problems.append(f"{who}: stage_map[{key!r}] names function {where.function!r}, which cannot be imported")
+                problems.append(
+                    f"{who}: stage_map[{key!r}] names function {where.function!r}, which cannot be imported"
+                    + _nearest_function(where.function)
+                )
             if not isinstance(where, Tap):
                 continue
             paths = [sites_of(where.path, layer) for layer in range(max(layers, 1))] if "{layer}" in where.path else [where.path]
             if root is None or not any(_has(root, p) for p in paths):
-                problems.append(f"{who}: stage_map[{key!r}] names module {where.path!r}, which the model does not have")
+                if module_paths is None:
+                    module_paths = _module_spellings(root)
+                problems.append(
+                    f"{who}: stage_map[{key!r}] names module {where.path!r}, which the model does not have"
+                    + did_you_mean(where.path, module_paths)
+                )
     return problems
+
+
+def _module_spellings(root: nn.Module | None) -> list[str]:
+    """Every module path of `root`, and each with its block index written `{layer}` (how a map spells it)."""
+    if root is None:
+        return []
+    paths = [name for name, _ in root.named_modules() if name]
+    return list(dict.fromkeys([*(re.sub(r"(?<=\.)\d+(?=\.|$)", "{layer}", p) for p in paths), *paths]))
+
+
+def _nearest_function(spec: str) -> str:
+    module_name, _, name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return ""
+    names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]
+    return did_you_mean(f"{module_name}:{name}", [f"{module_name}:{n}" for n in names])
 
 
 @contextlib.contextmanager
@@ -140,6 +182,36 @@ def _pick(call: tuple[Any, Any], where: Where) -> Any:
     elif where.layout == "heads":  # [B, L, H, D] -> [B, L, H * D]
         value = value.flatten(-2)
     return value
+
+
+_FRAMES = itertools.count()
+
+
+def fresh_frame(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` behind a code object of its own, for a compiled run that must trace the stage taps.
+
+    Dynamo caches compiled frames per code object and, by default, does not guard a cached graph on
+    the forward hooks of modules that had none when it was traced
+    (`torch._dynamo.config.skip_nnmodule_hook_guards`). A suite compiles the target's `forward`
+    first without the stage taps; a tapped run of the same `forward` would replay that graph and
+    record nothing. A new code object has an empty cache, so Dynamo traces it, and the modules it
+    inlines, with the taps as they are now; the graph dies with the wrapper (docs/localise.md §1)."""
+
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    code = observed.__code__.replace(co_name=f"parity_observed_{next(_FRAMES)}")
+    wrapper = types.FunctionType(code, observed.__globals__, code.co_name, observed.__defaults__, observed.__closure__)
+    wrapper.__qualname__ = f"{getattr(fn, '__qualname__', code.co_name)} (observed)"
+    return wrapper
+
+
+def unobserved_sites(compiled: Mapping[str, Recorded | None], eager: Mapping[str, Recorded | None]) -> list[str]:
+    """Module sites the eager run recorded and the compiled run did not: its taps did not fire there
+    (a function stage is recorded in eager runs only, by design)."""
+    return [
+        site for site, value in eager.items() if value is not None and isinstance(value.where, Tap) and compiled.get(site) is None
+    ]
 
 
 @dataclass(frozen=True)

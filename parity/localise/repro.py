@@ -7,9 +7,9 @@ computation: the declared module itself for an output tap, the module around it 
 
 * `weights.safetensors`: the parameters and buffers of every module the calls hold,
 * `inputs.safetensors`: every tensor of the calls' arguments,
-* `calls.pt`: the calls' structure with each tensor replaced by its key (modules on the meta
-  device, classes by reference: the model packages must be importable, as they are where parity
-  and the target are installed),
+* `calls.json`: the calls' structure, each tensor a key into those files, each module its class's
+  import path with its plain attributes and children (`parity.localise.calls_json`: the model
+  packages must be importable where the repro runs; no pickle, so reading it runs no code of its own),
 * `repro.py`: `python repro.py` rebuilds both calls, runs them, and prints both outputs, their
   error and the bound an fp64 run of the reference's side gives (`parity.localise.replay`).
 """
@@ -17,7 +17,6 @@ computation: the declared module itself for an output tap, the module around it 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import importlib
 import json
@@ -32,27 +31,15 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from parity.localise.calls_json import encode
 from parity.localise.chain import Chain
 from parity.localise.observe import Resolved
 from parity.localise.stages import Call, Tap, Where
 from parity.report import RUN_INFO_FILE
 
-FORMAT = 2  # 2: every call of a function stage (1 held one call)
-
-
-@dataclass(frozen=True)
-class TensorRef:
-    """A tensor of a call, stored in `inputs.safetensors` under `key`."""
-
-    key: str
-
-
-@dataclass(frozen=True)
-class ModuleRef:
-    """A module of a call on the meta device; its tensors are in `weights.safetensors` under `prefix`."""
-
-    module: nn.Module
-    prefix: str
+FORMAT = 3  # 3: calls.json (2 and 1 were pickles: refused); 2: every call of a function stage
+CALLS_FILE, INPUTS_FILE, WEIGHTS_FILE, SCRIPT_FILE = "calls.json", "inputs.safetensors", "weights.safetensors", "repro.py"
+PICKLE_FILE = "calls.pt"  # what formats 1 and 2 wrote: never read
 
 
 @dataclass(frozen=True)
@@ -154,39 +141,6 @@ def capture(source: StageSource, site: str) -> CapturedCall | str:
     return f"no declaration of {site} ran ({', '.join(w.path for w in declarations)})"
 
 
-def _strip(value: Any, tensors: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], key: str) -> Any:
-    """`value` with every tensor replaced by a `TensorRef` and every module by a meta `ModuleRef`."""
-    if isinstance(value, nn.Module):
-        prefix = f"{key}."
-        for name, tensor in list(value.state_dict(keep_vars=False).items()):
-            weights[prefix + name] = tensor.detach().to("cpu").contiguous()
-        skeleton = copy.deepcopy(value).to("meta")
-        for sub in skeleton.modules():  # the harness's taps and anything else hooked stay behind
-            for hooks in (
-                sub._forward_hooks,
-                sub._forward_pre_hooks,
-                sub._forward_hooks_with_kwargs,
-                sub._forward_pre_hooks_with_kwargs,
-            ):
-                hooks.clear()
-        return ModuleRef(skeleton, prefix)
-    if isinstance(value, torch.Tensor):
-        tensors[key] = value.detach().to("cpu").contiguous()
-        return TensorRef(key)
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_strip(v, tensors, weights, f"{key}.{i}") for i, v in enumerate(value))
-    if isinstance(value, dict):
-        return {k: _strip(v, tensors, weights, f"{key}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {
-            f.name: _strip(getattr(value, f.name), tensors, weights, f"{key}.{f.name}")
-            for f in dataclasses.fields(value)
-            if f.init
-        }
-        return dataclasses.replace(value, **fields)
-    return value
-
-
 def case_directory(case: str, mode: str) -> str:
     """`repro/<case>-<mode>`, spelt for any file system."""
     return "repro/" + re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{case}-{mode}")
@@ -245,20 +199,21 @@ def _write(directory: Path, chain: Chain, calls: dict[str, CapturedCall], *, cas
     for side, call in calls.items():
         call.read["widths"] = [chain.widths.get(part) for part in call.read["split"]]
         skeleton[side] = {
-            "fn": _strip(call.fn, tensors, weights, f"{side}.fn") if isinstance(call.fn, nn.Module) else call.fn,
+            "fn": encode(call.fn, tensors, weights, f"{side}.fn") if isinstance(call.fn, nn.Module) else {"$function": call.fn},
             "calls": [
                 {
-                    "args": _strip(args, tensors, weights, f"{side}.{i}.args"),
-                    "kwargs": _strip(kwargs, tensors, weights, f"{side}.{i}.kwargs"),
+                    "args": encode(tuple(args), tensors, weights, f"{side}.{i}.args"),
+                    "kwargs": encode(dict(kwargs), tensors, weights, f"{side}.{i}.kwargs"),
                 }
                 for i, (args, kwargs) in enumerate(call.calls)
             ],
             "read": call.read,
         }
-    save_file(_unshared(tensors), directory / "inputs.safetensors")
-    save_file(_unshared(weights), directory / "weights.safetensors")
-    torch.save(skeleton, directory / "calls.pt")
-    (directory / "repro.py").write_text(REPRO_PY.format(case=case, mode=mode, site=blamed.site, summary=chain.summary()))
+    text = json.dumps(skeleton, indent=1)  # before any file: a call it cannot hold leaves no partial repro
+    save_file(_unshared(tensors), directory / INPUTS_FILE)
+    save_file(_unshared(weights), directory / WEIGHTS_FILE)
+    (directory / CALLS_FILE).write_text(text)
+    (directory / SCRIPT_FILE).write_text(REPRO_PY.format(case=case, mode=mode, site=blamed.site, summary=chain.summary()))
 
 
 def _target_spec(run_dir: Path) -> str:

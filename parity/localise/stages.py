@@ -16,7 +16,8 @@ dimension into the widths the reference's own q, k and v have in this run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -238,22 +239,51 @@ def alternatives(declaration: Declaration) -> tuple[Where, ...]:
 
 
 _OPTIONS = {"output", "input", "layout", "split", "part"}
+LAYOUTS = ("tokens", "heads", "heads_first")
 
 
-def _parse_one(key: str, raw: object, who: str) -> Where | str:
+def nearest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """The valid names nearest to `name` (difflib's ratio, best first), for "did you mean"."""
+    return difflib.get_close_matches(str(name), list(dict.fromkeys(candidates)), n=n, cutoff=0.6)
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """` (did you mean 'a' or 'b'?)`, or '' when no valid name is near."""
+    near = nearest(name, candidates)
+    if not near:
+        return ""
+    spelt = [repr(n) for n in near]
+    return f" (did you mean {', '.join(spelt[:-1]) + ' or ' + spelt[-1] if len(spelt) > 1 else spelt[0]}?)"
+
+
+def _parse_one(key: str, raw: object, who: str) -> Where | list[str]:
     """A declaration in plain data, as a model package that imports nothing from parity writes it:
-    a module path (its output), or a dict with `module` or `function` and the `Tap` options."""
+    a module path (its output), or a dict with `module` or `function` and the `Tap` options; else
+    every problem with its form, one line each."""
     if isinstance(raw, (Tap, Call)):
         return raw
     if isinstance(raw, str):
         return Tap(raw)
     if not isinstance(raw, Mapping):
-        return f"{who}: stage_map[{key!r}] must be a module path, a dict, a Tap or a Call, got {type(raw).__name__}"
+        return [f"{who}: stage_map[{key!r}] must be a module path, a dict, a Tap or a Call, got {type(raw).__name__}"]
     heads = [k for k in ("module", "function") if k in raw]
-    unknown = sorted(set(raw) - _OPTIONS - {"module", "function"})
-    if len(heads) != 1 or unknown:
-        why = f"unknown keys {unknown}" if unknown else "exactly one of 'module' or 'function'"
-        return f"{who}: stage_map[{key!r}]: a declaration dict needs {why} (options: {', '.join(sorted(_OPTIONS))})"
+    problems = []
+    for unknown in sorted(set(map(str, raw)) - _OPTIONS - {"module", "function"}):
+        problems.append(
+            f"{who}: stage_map[{key!r}]: unknown key {unknown!r}{did_you_mean(unknown, [*_OPTIONS, 'module', 'function'])} "
+            f"(options: {', '.join(sorted(_OPTIONS))})"
+        )
+    if len(heads) != 1:
+        problems.append(
+            f"{who}: stage_map[{key!r}]: a declaration dict needs exactly one of 'module' or 'function', got {heads or 'neither'}"
+        )
+    if problems:  # the rest of its form too, so one pass over the map finds everything
+        layout = raw.get("layout", "tokens")
+        if layout not in LAYOUTS:
+            problems.append(
+                f"{who}: stage_map[{key!r}]: layout {layout!r} is not one of {', '.join(LAYOUTS)}{did_you_mean(str(layout), LAYOUTS)}"
+            )
+        return problems
     options: dict[str, Any] = {k: (tuple(v) if k == "split" else v) for k, v in raw.items() if k in _OPTIONS}
     if options.get("split") and not options.get("part"):
         options["part"] = key  # a fused declaration written under the stage it gives
@@ -269,31 +299,35 @@ def parse_map(raw: object, *, who: str) -> tuple[dict[str, Declaration], list[st
     for key, value in raw.items():
         items = value if isinstance(value, (list, tuple)) and not isinstance(value, str) else (value,)
         declared = [_parse_one(key, item, who) for item in items]
-        problems += [d for d in declared if isinstance(d, str)]
-        wheres = tuple(d for d in declared if not isinstance(d, str))
+        problems += [line for d in declared if isinstance(d, list) for line in d]
+        wheres = tuple(d for d in declared if not isinstance(d, list))
         if wheres:
             parsed[key] = wheres if len(wheres) > 1 else wheres[0]
     return parsed, problems
 
 
 def map_problems(vocabulary: Vocabulary, stage_map: object, *, who: str) -> list[str]:
-    """What is wrong with a declared map, one line each (the module paths are checked against a
-    built model by `parity.localise.observe.missing_paths`)."""
+    """Everything wrong with a declared map's form, one line each, all at once: each unknown stage
+    name with the nearest names of the vocabulary, each malformed declaration (the module paths are
+    checked against a built model by `parity.localise.observe.missing_paths`)."""
     stage_map, problems = parse_map(stage_map, who=who)
-    known = set(vocabulary.keys())
+    keys = vocabulary.keys()
     for key, declaration in stage_map.items():
-        if key not in known:
-            near = [k for k in known if k.rsplit(".", 1)[-1] == str(key).rsplit(".", 1)[-1]]
-            hint = (
-                f" (did you mean {near[0]!r}?)"
-                if near
-                else f"; the {vocabulary.family} stages are {', '.join(vocabulary.keys())}"
-            )
+        if key not in keys:
+            hint = did_you_mean(key, keys) or did_you_mean(key, _spellings(vocabulary))
+            hint = hint or f"; no {vocabulary.family} stage is near it (the stages: docs/localise.md §2)"
             problems.append(f"{who}: stage_map names unknown stage {key!r}{hint}")
             continue
         for where in alternatives(declaration):
             problems += _declaration_problems(key, where, who)
     return problems
+
+
+def _spellings(vocabulary: Vocabulary) -> list[str]:
+    """The vocabulary's keys, and each per-layer key as a porter might write it with a layer number
+    (`layer.0.q`), so a key spelt with an index still finds its stage."""
+    keys = vocabulary.keys()
+    return [*keys, *(k.replace("{layer}", "0") for k in keys if "{layer}" in k)]
 
 
 def _declaration_problems(key: str, where: object, who: str) -> list[str]:
@@ -304,8 +338,10 @@ def _declaration_problems(key: str, where: object, who: str) -> list[str]:
         problems.append(f"{who}: stage_map[{key!r}] splits {where.path} into {where.split} but is part {where.part!r}")
     if isinstance(where, Call) and (where.function.count(":") != 1):
         problems.append(f"{who}: stage_map[{key!r}]: Call needs 'package.module:function', got {where.function!r}")
-    if where.layout not in ("tokens", "heads", "heads_first"):
-        problems.append(f"{who}: stage_map[{key!r}]: layout {where.layout!r} is not one of tokens, heads, heads_first")
+    if where.layout not in LAYOUTS:
+        problems.append(
+            f"{who}: stage_map[{key!r}]: layout {where.layout!r} is not one of {', '.join(LAYOUTS)}{did_you_mean(where.layout, LAYOUTS)}"
+        )
     return problems
 
 

@@ -19,10 +19,10 @@ def stage_map_report(adapter: Any, family: str, layers: Layers, *, root: Any = N
     if stage_map is None:
         return [], "no stage_map: a failing case's stages are reported not observable (docs/localise.md §1)"
     who = f"{type(adapter).__name__}.stage_map"
-    problems = map_problems(vocab, stage_map, who=who)
     root = getattr(adapter, "module", None) if root is None else root
-    if not problems:
-        problems = missing_paths(root, stage_map, layers, who=who)
+    # every problem at once: the form of each declaration and, for those well formed, whether the
+    # model has what they name (a porter fixes the map in one pass, docs/localise.md §1)
+    problems = map_problems(vocab, stage_map, who=who) + missing_paths(root, stage_map, layers, who=who)
     if problems:
         return problems, ""
     resolved = resolve(root, stage_map, vocab, layers)

@@ -33,6 +33,7 @@ import pytest
 from parity import env
 from parity.cases import CaseFileError, add_case_dirs, defer_errors, unreadable_case_files
 from parity.compare import ERROR, FAIL, SKIP
+from parity.observe.origin import error_line
 from parity.plugin import lanes, ranks
 from parity.plugin import report_fixture as report_fixture_module
 from parity.plugin.report_fixture import (  # noqa: F401 - fixtures are found in the plugin's namespace
@@ -62,6 +63,7 @@ from parity.plugin.session import (
     unwritten_text,
 )
 from parity.report import RESULTS_FILE, RUN_INFO_FILE, add_suite_seconds, format_summary, read_results, summarize
+from parity.report.case_lines import failing_cases_text
 from parity.report.rows import RowNotWritten
 from parity.target import PLANTED_SUITE, TargetError
 
@@ -515,12 +517,12 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         quiet = (pytest.skip.Exception, pytest.exit.Exception, KeyboardInterrupt, RowNotWritten)
         if rep is not None and not rep.failures and not isinstance(exc, quiet):
             is_assert = isinstance(exc, AssertionError)
-            message = f"{type(exc).__name__}: {exc}".strip()
+            message = f"{type(exc).__name__}: {exc}".strip().replace("\n", " | ")[:2000] if is_assert else error_line(exc)
             rep.record(
                 metric="assertion" if is_assert else "exception",
                 value=None,
                 verdict=FAIL if is_assert else ERROR,
-                detail=message.replace("\n", " | ")[:2000],
+                detail=message,
             )
         raise
     where, cause = _forget_where_rows_fail(rep)
@@ -546,7 +548,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Gener
             _write_skip_row(item, suite, outcome)
         if outcome.when == "setup" and outcome.failed and suite and call.excinfo is not None:
             exc = call.excinfo.value
-            message = f"setup failed: {type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
+            message = f"setup failed: {error_line(exc)}"
             item.config.stash[WRITER].write(
                 {
                     "suite": suite,
@@ -623,6 +625,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     frame = read_results(session.run_dir)
     terminalreporter.section("parity report")
     terminalreporter.write_line(format_summary(summarize(frame, config.stash.get(SUITE_SECONDS, None)), frame))
+    failing = failing_cases_text(frame, session.run_dir)  # one line per failing case, each rule once
+    if failing:
+        terminalreporter.write_line(failing)
     terminalreporter.write_line(f"{len(frame)} rows in {session.run_dir / RESULTS_FILE}")
     unwritten = _unwritten(config)
     if unwritten["count"]:

@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from parity.compare import ERROR, FAIL, PASS, TensorDiff, TreeDiff, Verdict, better_of
+from parity.observe.origin import error_line
 from parity.plugin.lanes import KEEP_COMPILE_CACHE, SUITE, is_parity_test, suite_of
 from parity.plugin.session import RunSession, session_target
 from parity.report import ReportWriter
+from parity.report.case_lines import LINE_CHARS, split_rule
 from parity.target import Target
 
 SESSION = pytest.StashKey[RunSession]()
@@ -138,7 +140,7 @@ class SuiteReport:
         try:
             yield
         except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}".replace("\n", " | ")[:2000]
+            message = error_line(exc)  # the type, where in the target's code it went wrong, the message
             self.record(case=case, mode=mode, site=site, metric="exception", value=None, verdict=ERROR, detail=message)
             from parity.plugin import ranks
 
@@ -150,12 +152,28 @@ class SuiteReport:
         return [r for r in self.rows if r["kind"] == "gate" and r["verdict"] in (FAIL, ERROR)]
 
     def failure_text(self) -> str:
-        lines = [
-            f"{r['suite']}/{r['case']}/{r['mode']}: {r['metric']}={r['value']} "
-            f"(threshold {r['threshold']}) {r['verdict']}: {r['detail']}"
-            for r in self.failures
-        ]
-        return f"{len(lines)} failing report row(s):\n" + "\n".join(lines)
+        """The test's failing rows, one line each (at most `LINE_CHARS`); a tolerance rule's
+        paragraph once, after them (docs/reports.md §5)."""
+        lines, rules = [], []
+        for r in self.failures:
+            text, rule = split_rule(str(r["detail"]))
+            if rule and rule not in rules:
+                rules.append(rule)
+            at = f" @{r['site']}" if r.get("site") else ""
+            ref = f", rule {rules.index(rule) + 1}" if rule else ""
+            where = f"{r['suite']}/{r['case']}/{r['mode']}{at}"
+            if r["verdict"] == ERROR:
+                line = f"{where}: {r['metric']}: {text}"
+            else:
+                bound = f"bound {_short(r['threshold'])}" if r["threshold"] not in (None, "") else "no bound"
+                line = f"{where}: {r['metric']}={_short(r['value'])} ({bound}{ref}) {r['verdict']}: {text}"
+            lines.append(line if len(line) <= LINE_CHARS else line[: LINE_CHARS - 3] + "...")
+        rules_text = "".join(f"\nrule {i}: {rule}" for i, rule in enumerate(rules, start=1))
+        return f"{len(lines)} failing report row(s):\n" + "\n".join(lines) + rules_text
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def default_case(item: pytest.Item) -> str:

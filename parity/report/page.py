@@ -42,6 +42,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, SKIP, TIE_FLIP
+from parity.report import case_lines
 from parity.report.baseline import INFO_LIST_FACTOR, Comparison, target_name
 from parity.report.chains import (
     LINE_COLUMNS,
@@ -376,13 +377,16 @@ def summary_section(review: Review) -> str:
         )
     ]
     failing = review.failing
+    if not failing.empty:  # one line per failing case, each rule once (parity.report.case_lines)
+        body.append("<h3>Failing cases</h3>")
+        body.append(case_lines.html_block(review.frame, review.run_dir))
     body.append("<h3>Failing rows</h3>")
     if failing.empty:
         body.append(note("no gate row failed or errored"))
     else:
         body.append(
             table(
-                failing,
+                case_lines.without_rules(failing),
                 ("verdict", "suite", "case", "mode", "site", "metric", "value", "threshold", "better", "detail"),
                 table_id="failing-rows",
             )

@@ -44,7 +44,7 @@ from parity.report.baseline import (
     source_device_kind,
     target_name,
 )
-from parity.report.chains import case_notes
+from parity.report.case_lines import SuiteLines, failing_case_lines, split_rule
 from parity.report.rows import (
     COMPLETE,
     RESULTS_FILE,
@@ -299,34 +299,30 @@ def group_modes(group: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys("-" if pd.isna(mode) or mode == "" else str(mode) for mode in modes))
 
 
-def _group_line(group: pd.DataFrame, found: str = "") -> str:
+def _group_line(group: pd.DataFrame, *, rules: list[str] | None = None) -> str:
     """One line for rows of one check that differ only in mode: the modes, the worst value and its
-    bound, how many rows the line stands for, the worst row's detail and, `found`, what localising
-    its case found (the first diverging stage: kept whole when the detail is cut)."""
+    bound, how many rows the line stands for and the worst row's detail; a rule paragraph at the
+    end of the detail is said once per suite (`rules`, numbered from 1: the line names its number)."""
     worst = group.iloc[0]
     site = f" @{worst['site']}" if worst["site"] else ""
     value = "" if pd.isna(worst["value"]) else f"{worst['value']:.4g}"
     if value and len(group) > 1:
         value = f"worst {value}"
     bound = "no bound" if pd.isna(worst["threshold"]) else f"bound {worst['threshold']:.4g}, {worst['better'] or 'n/a'} is better"
+    text, rule = split_rule(str(worst["detail"]))
+    if rule and rules is not None:
+        if rule not in rules:
+            rules.append(rule)
+        bound += f", rule {rules.index(rule) + 1}"
+    elif rule:
+        text = str(worst["detail"])
     rows = f"; {len(group)} rows" if len(group) > 1 else ""
-    detail = f": {worst['detail']}" if worst["detail"] else ""
+    detail = f": {text}" if text else ""
     if len(detail) > 200:
         detail = detail[:197] + "..."
     where = f"{worst['suite']}/{worst['case']}{site} {worst['metric']} [{', '.join(group_modes(group))}]"
     value = f" {value}" if value else ""
-    found = (";" if detail else ":") + f" {found}" if found else ""
-    return f"  {worst['verdict']:<8} {where}{value} ({bound}{rows}){detail}{found}"
-
-
-def _found_text(group: pd.DataFrame, notes: dict[tuple[str, str, str], str]) -> str:
-    """What localising the group's case found, per mode (`parity.report.chains.case_notes`); the
-    mode is named unless every mode of the group found the same."""
-    suite, case, modes = group["suite"].iloc[0], group["case"].iloc[0], group_modes(group)
-    found = {mode: notes[(suite, case, mode)] for mode in modes if (suite, case, mode) in notes}
-    if len(found) == len(modes) and len(set(found.values())) == 1:
-        return next(iter(found.values()))
-    return "; ".join(f"[{mode}] {text}" for mode, text in found.items())
+    return f"  {worst['verdict']:<8} {where}{value} ({bound}{rows}){detail}"
 
 
 def format_review(review: Review, *, show_all: bool = False, limit: int = 20) -> str:
@@ -347,7 +343,7 @@ def format_review(review: Review, *, show_all: bool = False, limit: int = 20) ->
     lines += [format_summary(review.summary, frame), ""]
     summary = review.summary
     summary = failing_suites_first(summary)
-    notes = case_notes(frame, review.run_dir)
+    cases = failing_case_lines(frame)
     for _, suite_row in summary.iterrows():
         suite = suite_row["suite"]
         rows = frame[(frame["suite"] == suite) & (frame["kind"] != "info")]
@@ -358,19 +354,22 @@ def format_review(review: Review, *, show_all: bool = False, limit: int = 20) ->
             continue
         header = f"{suite}: {suite_row['cases']} cases, {suite_row['fail']} fail, {suite_row['error']} error, {suite_row['tie_flip']} tie_flip, {suite_row['not_applicable']} not_applicable, {suite_row['skip']} skip"
         lines.append(header)
-        groups = group_across_modes(shown)
-        told: set[tuple[str, str]] = set()  # a case's localisation is said on its first line only
+        # a failing case is one line (docs/reports.md §8); the other verdicts' rows, one line per check across modes
+        suite_lines = cases.get(suite, SuiteLines(suite, [], []))
+        lines += [f"  {line.text(review.run_dir)}" for line in suite_lines.lines[:limit]]
+        if len(suite_lines.lines) > limit:
+            lines.append(
+                f"  ... {len(suite_lines.lines) - limit} more failing cases (all of them: {review.run_dir / RESULTS_FILE})"
+            )
+        groups = group_across_modes(shown[~shown["verdict"].isin((FAIL, ERROR))])
         for group in groups[:limit]:
-            key = (group["suite"].iloc[0], group["case"].iloc[0])
-            found = "" if key in told or group["verdict"].iloc[0] not in (FAIL, ERROR) else _found_text(group, notes)
-            if found:
-                told.add(key)
-            lines.append(_group_line(group, found))
+            lines.append(_group_line(group, rules=suite_lines.rules))
         if len(groups) > limit:
             rest = sum(len(group) for group in groups[limit:])
             lines.append(
                 f"  ... {len(groups) - limit} more lines ({rest} rows across modes; all of them: {review.run_dir / RESULTS_FILE})"
             )
+        lines += [f"  {text}" for text in suite_lines.rule_lines()]
     lines.append("")
     if review.baseline_migration:
         lines += [review.baseline_migration, ""]

@@ -422,6 +422,15 @@ def _badness(row: Any) -> float:
     return value / threshold
 
 
+CAUSE_CHARS = 120  # an error's cause in the summary's worst column: the type, the place, the message's start
+
+
+def error_cause(detail: str) -> str:
+    """An error row's detail cut to its first line (`RuntimeError (at model.py:179 in moe): ...`)."""
+    line = detail.split(" | ", 1)[0].strip()
+    return line if len(line) <= CAUSE_CHARS else line[: CAUSE_CHARS - 3] + "..."
+
+
 def summarize(frame: pd.DataFrame, seconds: Mapping[str, float] | None = None) -> pd.DataFrame:
     """Per suite: cases, pass, fail, tie_flip, error, not_applicable, skip and the gate row nearest
     to (or past) its bound; with `seconds` (run.json's `suite_seconds`) also the seconds its tests took."""
@@ -434,7 +443,9 @@ def summarize(frame: pd.DataFrame, seconds: Mapping[str, float] | None = None) -
         if not gates.empty:
             scored = gates.assign(badness=[_badness(row) for row in gates.itertuples(index=False)])
             top = scored.sort_values("badness", ascending=False, kind="stable").iloc[0]
-            if top["badness"] != -math.inf:
+            if top["verdict"] == ERROR:  # no value to show: the error's one-line cause and where it was raised
+                worst = f"{top['metric']}: {error_cause(str(top['detail']))} [{top['case']}/{top['mode']}]"
+            elif top["badness"] != -math.inf:
                 # The direction the value is held to: `block_compiles=2 (bound ≥ 1)` reads right, `(bound 1)` does not.
                 relation = {"higher": "≥ ", "lower": "≤ ", "equal": "= "}.get(str(top.get("better", "")), "")
                 bound = "" if pd.isna(top["threshold"]) else f" (bound {relation}{top['threshold']:.4g})"

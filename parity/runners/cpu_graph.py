@@ -33,6 +33,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from parity.observe.origin import calling_place, origin_of
 from parity.runners.base import CaptureError, OutputLayout, RecordedFunction
 from parity.runners.capture_probe import reporting_capture, target_sees_capturing
 from parity.runners.graph import GraphRun
@@ -77,7 +78,7 @@ class _HostSyncGuard(TorchDispatchMode):
         reason = host_sync_reason(func, args, kwargs)
         if reason is not None:
             raise CaptureError(
-                f"host read of a tensor value while capturing {self.site}: {func} is {reason}; "
+                f"host read of a tensor value while capturing {self.site}{calling_place()}: {func} is {reason}; "
                 "a captured graph cannot branch on or size by device values",
                 site=self.site,
             )
@@ -96,7 +97,7 @@ def _no_host_copies(site: str) -> Iterator[None]:
 
         def refuse(self: torch.Tensor, *args: Any, _method: str = method, **kwargs: Any) -> Any:
             raise CaptureError(
-                f"host read of a tensor value while capturing {site}: Tensor.{_method}() copies device values to the host",
+                f"host read of a tensor value while capturing {site}{calling_place()}: Tensor.{_method}() copies device values to the host",
                 site=site,
             )
 
@@ -151,9 +152,9 @@ class CpuGraphRun(GraphRun):
         except Exception as error:  # any failure while recording is a capture failure of this site
             text = str(error)
             if "get value out of a tracing tensor" in text or "_local_scalar_dense" in text:
-                message = f"host read of a tensor value while capturing {self.site}: {text}"
+                message = f"host read of a tensor value while capturing {self.site}{origin_of(error)}: {text}"
             else:
-                message = f"recording {self.site} for cpu_graph failed: {type(error).__name__}: {text}"
+                message = f"recording {self.site} for cpu_graph failed{origin_of(error)}: {type(error).__name__}: {text}"
             raise CaptureError(message, site=self.site) from error
 
     def _replay(self) -> Sequence[torch.Tensor]:

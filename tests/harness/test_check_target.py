@@ -129,13 +129,26 @@ def test_hidden_states_must_be_one_per_layer() -> None:
     assert any("forward(ids).hidden_states must hold 4 tensors [1, 6, 64]" in p for p in problems), problems
 
 
-def test_a_weight_map_that_misses_tensors_is_named() -> None:
+def test_a_weight_map_that_misses_tensors_is_no_contract_error() -> None:
+    """A tensor the map leaves out is a loader finding for weight_coverage (its rows name it, the run
+    goes on: tests/suites/test_weight_coverage_values.py), not a reason to stop before any row."""
+
     def partial(adapter):
         names = adapter.weight_name_map()
         return lambda: {k: v for k, v in names.items() if "gen_mlp" not in k}
 
-    problems = ar_problems(broken_target(weight_name_map=partial))
-    assert any("weight_name_map() must name every checkpoint tensor exactly" in p and "gen_mlp" in p for p in problems)
+    assert not any("weight_name_map()" in p for p in ar_problems(broken_target(weight_name_map=partial)))
+
+
+def test_a_weight_map_naming_tensors_the_checkpoint_lacks_is_named() -> None:
+    def misspelt(adapter):
+        names = adapter.weight_name_map()
+        return lambda: {k: [n.replace("model.", "module.", 1) for n in v] for k, v in names.items()}
+
+    problems = ar_problems(broken_target(weight_name_map=misspelt))
+    assert any(
+        "weight_name_map() must spell checkpoint tensors as in the directory: unknown" in p and "module." in p for p in problems
+    )
 
 
 def test_decode_step_of_the_wrong_shape_is_named() -> None:

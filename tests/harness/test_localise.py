@@ -116,7 +116,7 @@ def test_stage_map_problems_are_one_line_each() -> None:
         "unknown stage 'layer.{layer}.qq'",
         "exactly one of 'module' or 'function'",
         "layout 'rows'",
-        "unknown keys ['bogus']",
+        "unknown key 'bogus'",
     ):
         assert sum(expected in line for line in problems) == 1, (expected, problems)
     missing = missing_paths(Toy(), {"a": "a", "b": "nope.linear", "c": {"function": "no_such_module:f"}}, 0, who="M.stage_map")
@@ -124,6 +124,32 @@ def test_stage_map_problems_are_one_line_each() -> None:
         "M.stage_map: stage_map['b'] names module 'nope.linear', which the model does not have",
         "M.stage_map: stage_map['c'] names function 'no_such_module:f', which cannot be imported",
     ]
+
+
+def test_stage_map_problems_come_all_at_once_with_the_nearest_valid_names() -> None:
+    """Every problem in one check (a misspelt stage, a misspelt option and a module the model lacks
+    together), each unknown name with its nearest valid ones, not the whole vocabulary."""
+    from parity.localise.validate import stage_map_report
+
+    class Adapter:
+        module = Toy()
+        stage_map = {
+            "layer.{layer}.inputnorm": "a",
+            "layer.{layer}.q": {"module": "a", "outptu": 0},
+            "layer.{layer}.k": "bb",
+            "layer.{layer}.v": {"module": "c", "layout": "head"},
+        }
+
+    problems, _ = stage_map_report(Adapter(), "ar", 0)
+    assert len(problems) == 4, problems
+    for expected in (
+        "unknown stage 'layer.{layer}.inputnorm' (did you mean 'layer.{layer}.input_norm'",
+        "unknown key 'outptu' (did you mean 'output'?)",
+        "layout 'head' is not one of tokens, heads, heads_first (did you mean 'heads'",
+        "names module 'bb', which the model does not have (did you mean 'b'?)",
+    ):
+        assert sum(expected in line for line in problems) == 1, (expected, problems)
+    assert not any("layer.{layer}.gen_mlp.down" in line for line in problems)  # the vocabulary is not listed
 
 
 class _CompileOnly(nn.Module):
@@ -180,7 +206,7 @@ def test_a_repro_runs_on_its_own_in_another_directory(tmp_path: Path) -> None:
     )
     assert path == "repro/toy_case-eager/repro.py"
     directory = tmp_path / "repro" / "toy_case-eager"
-    assert {p.name for p in directory.iterdir()} == {"repro.py", "calls.pt", "inputs.safetensors", "weights.safetensors"}
+    assert {p.name for p in directory.iterdir()} == {"repro.py", "calls.json", "inputs.safetensors", "weights.safetensors"}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     result = run_command([sys.executable, str(directory / "repro.py")], cwd=elsewhere)

@@ -1,5 +1,6 @@
-"""`parity review` lists one defect seen in several modes as one line: the rows of one check that
-differ only in `mode` name their modes, the worst value and its bound, and how many rows they are."""
+"""`parity review` lists a failing case (case, mode) in one line, and the rows of any other verdict that
+differ only in `mode` as one line naming their modes, the worst value and its bound, and how many
+rows they are (docs/reports.md §8)."""
 
 from __future__ import annotations
 
@@ -42,28 +43,33 @@ def make_run(run_dir: Path, rows: list[dict[str, Any]]) -> Path:
     return run_dir
 
 
-def test_one_defect_in_two_modes_is_one_line_naming_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_failing_case_is_one_line_per_mode_in_layer_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = make_run(tmp_path / "run", ROWS)
     assert main(["review", str(run_dir), "--no-baseline"]) == 1
     out = capsys.readouterr().out
-    lines = [line for line in out.splitlines() if "numerics/prompt-mixed @layer.0 rmse_vs_golden" in line]
-    assert len(lines) == 1, out
-    (line,) = lines
-    assert line.split()[0] == "fail" and "[eager, cpu_graph]" in line, line
-    assert "worst 0.031 (bound 0.0001, lower is better; 2 rows): cpu_graph: layer 0 drifts" in line, line
-    assert "compiled" not in line  # the mode that passes is not part of the defect
-    short = [line for line in out.splitlines() if "numerics/prompt-short" in line]
-    assert short == ["  fail     numerics/prompt-short @layer.0 rmse_vs_golden [eager] 0.005 (bound 0.0001, lower is better)"], (
-        out
-    )
+    lines = [line.strip() for line in out.splitlines() if line.strip().startswith("prompt-")]
+    assert lines == [
+        "prompt-mixed/eager: @layer.0 — rmse_vs_golden 0.02 (bound ≤ 0.0001): eager: layer 0 drifts",
+        "prompt-mixed/cpu_graph: @layer.0 — rmse_vs_golden 0.031 (bound ≤ 0.0001): cpu_graph: layer 0 drifts",
+        "prompt-short/eager: @layer.0 — rmse_vs_golden 0.005 (bound ≤ 0.0001)",
+    ], out
     assert "FAILED: 3 failing case(s)" in out  # the summary counts (case, mode) pairs
 
 
-def test_the_lines_left_out_still_count_their_rows(tmp_path: Path) -> None:
+def test_the_lines_left_out_are_counted(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path / "run", ROWS)
     text = format_review(load_review(run_dir, use_default_baseline=False), limit=1)
-    assert "[eager, cpu_graph] worst 0.031" in text, text
-    assert "  ... 1 more lines (1 rows across modes; all of them:" in text, text
+    assert "prompt-mixed/eager: @layer.0" in text, text
+    assert "  ... 2 more failing cases (all of them:" in text, text
+
+
+def test_other_verdicts_of_one_check_across_modes_are_one_line(tmp_path: Path) -> None:
+    flips = [_row(mode, 2.0e-2, verdict="tie_flip", detail=f"{mode}: a tie") for mode in ("eager", "cpu_graph")]
+    run_dir = make_run(tmp_path / "run", flips)
+    text = format_review(load_review(run_dir, use_default_baseline=False))
+    (line,) = [line for line in text.splitlines() if line.startswith("  tie_flip ")]
+    assert "numerics/prompt-mixed @layer.0 rmse_vs_golden [eager, cpu_graph]" in line, line
+    assert "worst 0.02 (bound 0.0001, lower is better; 2 rows)" in line, line
 
 
 def test_show_all_groups_passing_rows_too(tmp_path: Path) -> None:

@@ -75,39 +75,94 @@ def test_the_audit_still_refuses_a_diverged_stage_beside_passing_gates(tmp_path:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_the_failing_cases_line_names_its_first_diverging_stage(tmp_path: Path) -> None:
+def _case_lines(text: str, case: str = "mixed") -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip().startswith(f"{case}/")]
+
+
+def test_a_failing_case_is_one_line_naming_its_first_diverging_stage(tmp_path: Path) -> None:
+    """`case/mode: blamed stage — metric value (bound) — repro path`, the gate row first in layer order."""
     rows = localised_rows() + [failing_gate("mixed", site="layer.1")]
     run_dir = run_with(tmp_path / "run", rows)
     text = format_review(load_review(run_dir, use_default_baseline=False))
-    lines = [line for line in text.splitlines() if "numerics/mixed" in line]
-    assert len(lines) == 2  # the two failing gate rows; the info rows are not listed
-    assert lines[0].endswith(f"; first diverging stage layer.0.q_rope, repro: {run_dir / REPRO}")
-    assert "first diverging stage" not in lines[1]  # said once per case
+    assert _case_lines(text) == [f"mixed/eager: layer.0.q_rope — rmse_vs_golden 0.02 (bound 1e-06) — {run_dir / REPRO}"]
     assert "ar-prompt" not in text.split("numerics:", 1)[1]  # the passing case is not listed
 
 
-def test_a_case_localised_in_two_modes_names_each(tmp_path: Path) -> None:
+def test_a_case_localised_in_two_modes_is_a_line_per_mode(tmp_path: Path) -> None:
     rows = AR_ROWS + [failing_gate("mixed", mode=mode) for mode in ("eager", "compiled")]
     rows += chain_rows("mixed", mode="eager") + chain_rows("mixed", mode="compiled", blamed="layer.2.attn")
     text = format_review(load_review(run_with(tmp_path / "run", rows, repro=False), use_default_baseline=False))
-    (line,) = [line for line in text.splitlines() if "numerics/mixed" in line]
-    assert "[eager, compiled]" in line
-    assert line.endswith("[eager] first diverging stage layer.0.q_rope; [compiled] first diverging stage layer.2.attn")
+    assert _case_lines(text) == [  # layer order: the divergence in layer 0 first
+        "mixed/eager: layer.0.q_rope — rmse_vs_golden 0.02 (bound 1e-06)",
+        "mixed/compiled: layer.2.attn — rmse_vs_golden 0.02 (bound 1e-06)",
+    ]
 
 
 def test_a_compile_only_piece_is_named_on_the_line(tmp_path: Path) -> None:
     piece = "ar.language_model.model.layers.0.self_attn"
     rows = AR_ROWS + [failing_gate("mixed", mode="compiled"), piece_row("mixed", piece)]
     text = format_review(load_review(run_with(tmp_path / "run", rows, repro=False), use_default_baseline=False))
-    (line,) = [line for line in text.splitlines() if "numerics/mixed" in line]
-    assert line.endswith(f"; compiled piece {piece} differs from its eager run")
+    assert _case_lines(text) == [f"mixed/compiled: compiled piece {piece} — rmse_vs_golden 0.02 (bound 1e-06)"]
 
 
-def test_the_line_without_a_localisation_is_unchanged(tmp_path: Path) -> None:
+def test_the_line_without_a_localisation_names_the_site_and_the_rows_words(tmp_path: Path) -> None:
     rows = AR_ROWS + [failing_gate("mixed")]
     text = format_review(load_review(run_with(tmp_path / "run", rows, repro=False), use_default_baseline=False))
-    (line,) = [line for line in text.splitlines() if "numerics/mixed" in line]
-    assert line.endswith("(bound 1e-06, n/a is better): above noise floor")
+    assert _case_lines(text) == ["mixed/eager: @logits — rmse_vs_golden 0.02 (bound 1e-06): above noise floor"]
+
+
+RULE = "the target may be at most 2x as far from the fp64 golden as the reference is, " * 3
+
+
+def test_a_rule_paragraph_is_printed_once_per_suite_and_lines_stay_short(tmp_path: Path) -> None:
+    """The broken variant would print the paragraph on every row (several screens for one defect)."""
+    gates = [
+        dict(failing_gate("mixed", mode=mode, site=site), detail=f"above noise floor; {site}: ratio=3e5 [{RULE.strip()}]")
+        for mode in ("eager", "cpu_graph", "compiled")
+        for site in ("layer.2", "layer.3", "logits")
+    ]
+    rows = (
+        AR_ROWS
+        + gates
+        + [
+            row
+            for mode in ("eager", "cpu_graph", "compiled")
+            for row in chain_rows("mixed", mode=mode, blamed="layer.2.gen_mlp.down", repro=REPRO)
+        ]
+    )
+    run_dir = run_with(tmp_path / "run", rows)
+    assert sum(RULE.strip() in detail for detail in load_rows(run_dir)["detail"]) == 9  # a line per row would repeat it 9 times
+    text = format_review(load_review(run_dir, use_default_baseline=False))
+    assert text.count(RULE.strip()) == 1, text
+    assert "  rule 1: " + RULE.strip() in text
+    lines = _case_lines(text)
+    assert len(lines) == 3 and all(line.startswith("mixed/") for line in lines)
+    for line in lines:
+        head, repro = line.rsplit(" — ", 1)
+        assert len(head) <= 200 and repro == str(run_dir / REPRO), line
+        assert head.endswith("layer.2.gen_mlp.down — rmse_vs_golden 0.02 (bound 1e-06, rule 1)"), line
+    summary = _section((run_dir / PAGE_FILE).read_text(), "summary")  # its failing cases and failing rows
+    assert summary.count(RULE.strip()) == 1 and summary.count('href="#rule-numerics-1"') == 3, summary
+
+
+def test_an_error_line_says_its_cause_and_place(tmp_path: Path) -> None:
+    error = dict(
+        suite="numerics",
+        case="mixed",
+        mode="cpu_graph",
+        site="",
+        metric="exception",
+        value=None,
+        verdict="error",
+        detail="CaptureError (at engine/model.py:179 in moe): host read of a tensor value while capturing forward | more",
+    )
+    text = format_review(load_review(run_with(tmp_path / "run", AR_ROWS + [error], repro=False), use_default_baseline=False))
+    assert _case_lines(text) == [
+        "mixed/cpu_graph: error — exception: CaptureError (at engine/model.py:179 in moe): host read of a tensor value "
+        "while capturing forward | more"
+    ]
+    summary = text.split("numerics:", 1)[0]
+    assert "exception: CaptureError (at engine/model.py:179 in moe): host read" in summary  # the worst column's cause
 
 
 def test_a_chain_is_no_new_case_against_a_baseline(tmp_path: Path) -> None:
@@ -245,5 +300,7 @@ def test_text_from_the_rows_is_escaped_on_the_page_and_plain_in_the_plot(tmp_pat
 def test_a_mode_localised_alone_is_named(tmp_path: Path) -> None:
     rows = AR_ROWS + [failing_gate("mixed", mode=mode) for mode in ("eager", "compiled")] + chain_rows("mixed", mode="compiled")
     text = format_review(load_review(run_with(tmp_path / "run", rows, repro=False), use_default_baseline=False))
-    (line,) = [line for line in text.splitlines() if "numerics/mixed" in line]
-    assert line.endswith("; [compiled] first diverging stage layer.0.q_rope")
+    assert _case_lines(text) == [
+        "mixed/compiled: layer.0.q_rope — rmse_vs_golden 0.02 (bound 1e-06)",
+        "mixed/eager: @logits — rmse_vs_golden 0.02 (bound 1e-06): above noise floor",
+    ]

@@ -141,11 +141,13 @@ def probe(target: Any, device: str) -> list[str]:
     )
     name_map = checks.attempt("weight_name_map()", adapter.weight_name_map) or {}
     named = {n for tensors in name_map.values() for n in tensors}
+    # A tensor the map does not name is a loader finding (weight_coverage's unreceived_tensors and
+    # unused_tensors rows name it, the run goes on); a name that is no checkpoint tensor is a map
+    # spelt wrong, which would judge nothing (docs/targets.md §3).
     checks.expect(
-        named == names,
-        f"weight_name_map() must name every checkpoint tensor exactly (as in the directory): missing "
-        f"{sorted(names - named)[:4]}, unknown {sorted(named - names)[:4]}",
-        f"weight_name_map() covers the {len(names)} checkpoint tensors",
+        named <= names,
+        f"weight_name_map() must spell checkpoint tensors as in the directory: unknown {sorted(named - names)[:4]}",
+        f"weight_name_map() names {len(named)} of the {len(names)} checkpoint tensors, all spelt as in the directory",
     )
 
     checks.attempt("allocate_decode_state(1, length + 2)", lambda: adapter.allocate_decode_state(1, length + 2))

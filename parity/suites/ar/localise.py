@@ -3,7 +3,9 @@
 The target runs in the mode that failed (its stage map, `parity.localise`), the reference in its
 dtype and the fp64 golden eagerly (the reference adapter's own map); `parity.localise.chain`
 judges every stage with the suites' noise-floor rule and blames the first that diverges while its
-inputs are within bound (docs/localise.md).
+inputs are within bound (docs/localise.md). A compiled mode is traced afresh with the taps
+(`fresh_frame`); where its graph still runs no tap the eager run recorded, the stages are judged
+from the eager target and the compile-only bisection answers for the compiler (docs/localise.md §4).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from parity.localise.bisect import bisect_compiled
 from parity.localise.chain import Chain, Side, build_chain
-from parity.localise.observe import Resolved, observe_eager, resolve, stage_values
+from parity.localise.observe import Recorded, Resolved, fresh_frame, observe_eager, resolve, stage_values, unobserved_sites
 from parity.localise.repro import StageSource, write_repro
 from parity.localise.rows import write_bisection, write_chain
 from parity.localise.vocabulary import vocabulary
@@ -40,21 +42,30 @@ def stage_maps(models: ARModels) -> tuple[Resolved, Resolved, Resolved]:
     )
 
 
-def observe_target(models: ARModels, resolved: Resolved, mode: str, call: Any, args: tuple[Any, ...]) -> dict[str, Any]:
-    """The target's stage values of `call(*args)` in `mode` (function taps only in eager)."""
+def observe_target(
+    models: ARModels, resolved: Resolved, mode: str, call: Any, args: tuple[Any, ...]
+) -> dict[str, Recorded | None]:
+    """The target's stage values of `call(*args)` in `mode` (function taps only in eager; a
+    compiled mode compiles `call` behind a fresh code object, so the taps are traced)."""
     root = models.target.module
     if mode == "eager":
         return observe_eager(root, resolved, lambda: call(*args))[1]
+    if mode in COMPILED_MODES:
+        call = fresh_frame(call)
     runner = make_runner(mode, device=models.device, capture_registry=models.target.capture)
     with runner.prepare(call, args, dummy="zeros", taps=resolved.modules(root), name="localise") as run, torch.no_grad():
         result = run(*args)
     return stage_values(resolved, result.taps, {})
 
 
-def localise_forward(models: ARModels, ids: torch.Tensor, mode: str, *, compared: str) -> Chain:
-    """The stage chain of one full forward over `ids` (a numerics case)."""
+def localise_forward(
+    models: ARModels, ids: torch.Tensor, mode: str, *, compared: str, target_values: dict[str, Recorded | None] | None = None
+) -> Chain:
+    """The stage chain of one full forward over `ids` (a numerics case); `target_values`: the
+    target's stage values when already observed."""
     target_map, reference_map, golden_map = stage_maps(models)
-    target_values = observe_target(models, target_map, mode, models.target.forward, (ids,))
+    if target_values is None:
+        target_values = observe_target(models, target_map, mode, models.target.forward, (ids,))
     _, reference_values = observe_eager(models.reference.module, reference_map, lambda: models.reference.forward(ids))
     _, golden_values = observe_eager(models.golden.module, golden_map, lambda: models.golden.forward(ids))
     gen = ids >= models.start
@@ -124,8 +135,20 @@ def localise_decode(
 def explain_forward(models: ARModels, ids: torch.Tensor, mode: str, report: Any, run_dir: Path, *, case: str) -> Chain:
     """A failing numerics case: its stage chain in the failing mode, the blamed stage's repro, the rows."""
     compared = f"{case} {mode}: every token of ids {tuple(ids.shape)}, {models.dtype} vs the fp64 golden"
-    chain = localise_forward(models, ids, mode, compared=compared)
     target_map, reference_map, _ = stage_maps(models)
+    eager: Chain | None = None
+    if mode in COMPILED_MODES:
+        values = observe_target(models, target_map, mode, models.target.forward, (ids,))
+        eager_values = observe_target(models, target_map, "eager", models.target.forward, (ids,))
+        eager = localise_forward(models, ids, "eager", compared=f"{case} eager", target_values=eager_values)
+        silent = unobserved_sites(values, eager_values)
+        if silent:  # the compiled graph ran no tap there: judge the eager target's stages (docs/localise.md §4)
+            shown = ", ".join(silent[:4]) + (f" and {len(silent) - 4} more" if len(silent) > 4 else "")
+            compared += f"; stages from the eager target: the compiled graph ran no tap at {shown}"
+            values = eager_values
+        chain = localise_forward(models, ids, mode, compared=compared, target_values=values)
+    else:
+        chain = localise_forward(models, ids, mode, compared=compared)
     repro = write_repro(
         run_dir,
         chain,
@@ -135,15 +158,19 @@ def explain_forward(models: ARModels, ids: torch.Tensor, mode: str, report: Any,
         reference=StageSource(models.reference.module, reference_map, lambda: models.reference.forward(ids)),
     )
     write_chain(report, chain, case=case, mode=mode, repro=repro)
-    if mode in COMPILED_MODES:
-        explain_compile_only(models, ids, report, case=case, mode=mode)
+    if eager is not None:
+        explain_compile_only(models, ids, report, case=case, mode=mode, eager=eager)
     return chain
 
 
-def explain_compile_only(models: ARModels, ids: torch.Tensor, report: Any, *, case: str, mode: str) -> None:
+def explain_compile_only(
+    models: ARModels, ids: torch.Tensor, report: Any, *, case: str, mode: str, eager: Chain | None = None
+) -> None:
     """A compiled case whose eager target matches the reference: bisect the compiled region to
-    the smallest piece whose compiled output differs from its eager run (docs/localise.md §4)."""
-    eager = localise_forward(models, ids, "eager", compared=f"{case} eager")
+    the smallest piece whose compiled output differs from its eager run (docs/localise.md §4).
+    `eager`: the case's eager chain, when already made."""
+    if eager is None:
+        eager = localise_forward(models, ids, "eager", compared=f"{case} eager")
     if eager.blamed is not None:
         return  # the eager target diverges too: the chain above is the answer, not the compiler
     bisection = bisect_compiled(models.target.module, lambda: models.target.forward(ids))

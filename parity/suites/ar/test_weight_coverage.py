@@ -6,15 +6,23 @@ never ran (vllm-project/vllm-omni#9764). Loading checks cannot see that. This su
 runs every prompt (and a few decode steps) under a dispatch mode that records each parameter an op
 reads, maps parameters back to checkpoint names (fused serving weights count for every tensor they
 hold) and lists what was never read. It always uses the tiny checkpoint: coverage is structural.
+
+The name map is the loader's account of itself, so the values are checked too
+(`parity.observe.weight_values`): every checkpoint tensor must be held by some parameter (a tensor
+no parameter received is a loader defect, named in an `unreceived_tensors` row, and the run goes
+on), and every (parameter, tensor) pair of the name map must hold (`misplaced_tensors`: a tensor
+loaded into the wrong parameter fails whatever the map says).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from parity.compare import AT_MOST, count_rule
-from parity.observe.weight_reads import coverage, group_by_prefix, list_tensors
+from parity.observe.weight_reads import checkpoint_files, coverage, group_by_prefix, list_tensors
+from parity.observe.weight_values import describe, placement
 from parity.suites.ar.support import PROMPTS, token_tensor
 from reference_models.ar.adapter import ReferenceARAdapter
 from reference_models.checkpoints import make_checkpoint
@@ -44,7 +52,7 @@ def _calls(adapter, device: torch.device):
 
 
 @pytest.mark.parametrize("implementation", ["target", "reference"])
-def test_every_checkpoint_tensor_is_read(implementation: str, tiny_checkpoint, target, device, report) -> None:
+def test_every_checkpoint_tensor_is_read(implementation: str, tiny_checkpoint, target, device, report, settings) -> None:
     if implementation == "target":
         adapter = target.load_ar(tiny_checkpoint, device, torch.float32)
     else:
@@ -66,6 +74,11 @@ def test_every_checkpoint_tensor_is_read(implementation: str, tiny_checkpoint, t
         better="higher",
         detail=f"{len(result.read)} of {len(names)} tensors read over {len(_calls(adapter, device))} calls",
     )
+    tensors = {name: tensor for path in checkpoint_files(tiny_checkpoint) for name, tensor in load_file(path).items()}
+    placed = placement(adapter.module, tensors.items(), lambda p: name_map.get(p, []), shards=settings.tp)
+    unreceived, misplaced = describe(placed)
+    report.verdict(count_rule(len(placed.unreceived), 0, metric="unreceived_tensors", at=AT_MOST, detail=unreceived), case=case)
+    report.verdict(count_rule(len(placed.misplaced), 0, metric="misplaced_tensors", at=AT_MOST, detail=misplaced), case=case)
     if result.unattributed:
         report.info(
             case=case,
