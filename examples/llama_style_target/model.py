@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +98,7 @@ class ModelArgs:
             config = {**llm.get("text_config", {}), **{k: v for k, v in llm.items() if k != "text_config"}}
         layers = int(config["num_hidden_layers"])
         kind, _, span = str(config.get("moe_type", "ffn")).partition("-")
+        image: tuple[int, ...]
         if "ffn" not in kind:
             image = ()
         elif span:
@@ -249,7 +250,8 @@ class Transformer(nn.Module):
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.gen_tok_embeddings = nn.Embedding(args.gen_vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args, i) for i in range(args.n_layers))
+        # torch types a ModuleList's items as Module: the Sequence annotation keeps them Blocks for the type checker
+        self.layers: Sequence[Block] = nn.ModuleList(Block(args, i) for i in range(args.n_layers))  # type: ignore[assignment]
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.gen_output = nn.Linear(args.dim, args.gen_vocab_size, bias=False)
@@ -274,7 +276,11 @@ class Transformer(nn.Module):
         """(the final-normed hidden states, every layer's output): the second is what a debugger reads."""
         if gen_mask is None and tokens is not None:
             gen_mask = tokens >= self.args.gen_start
-        h = self.embed(tokens) if embeddings is None else embeddings
+        if embeddings is None:
+            if tokens is None:
+                raise ValueError("Transformer.forward needs tokens or embeddings")
+            embeddings = self.embed(tokens)
+        h = embeddings
         # asked once per forward, ids or not (a traced graph cannot ask: compiled code is never capturing here)
         capturing = not torch.compiler.is_compiling() and PROBES.is_capturing(h.device)
         states = []

@@ -129,6 +129,8 @@ class LlamaStyleAdapter:
         gen_token_mask: torch.Tensor | None = None,
     ) -> Output:
         like = input_ids if input_ids is not None else inputs_embeds
+        if like is None:
+            raise ValueError("forward needs input_ids or inputs_embeds")
         h, states = self.module(input_ids, self._positions(like), embeddings=inputs_embeds, gen_mask=gen_token_mask)
         return Output(self.module.logits(h), tuple(states))
 

@@ -23,7 +23,7 @@ import importlib
 import sys
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -34,7 +34,10 @@ _MODULE_INTERNALS = frozenset(nn.Module().__dict__) - {"training"}
 _NEVER_CALLED = frozenset({"torch", "numpy", "safetensors", "pip", "setuptools", "pkg_resources", "_pytest", "pytest"})
 
 
-_PLAIN_TYPES = {t.__name__: t for t in (bool, int, float, complex, str)}  # a type handed to a call (`dtype=float`)
+_PLAIN_TYPES: dict[str, type] = {
+    t.__name__: t for t in (bool, int, float, complex, str)
+}  # a type handed to a call (`dtype=float`)
+T = TypeVar("T")
 
 
 class EncodeError(ValueError):
@@ -194,11 +197,11 @@ class Decoder:
         if tag == "$dict":
             return {k: self.value(v) for k, v in data["$dict"]}
         if tag == "$enum":
-            cls = self.type_of(data["$enum"], enum.Enum, "an Enum")
-            return cls[data["name"]]
+            enum_cls = self.type_of(data["$enum"], enum.Enum, "an Enum")
+            return enum_cls[data["name"]]
         if tag == "$namedtuple":
-            cls = self.type_of(data["$namedtuple"], tuple, "a NamedTuple")
-            return cls(*(self.value(v) for v in data["fields"]))
+            tuple_cls = self.type_of(data["$namedtuple"], tuple, "a NamedTuple")
+            return tuple_cls(*(self.value(v) for v in data["fields"]))
         if tag == "$dataclass":
             cls = self.type_of(data["$dataclass"], object, "a dataclass")
             if not dataclasses.is_dataclass(cls):
@@ -225,7 +228,7 @@ class Decoder:
         module.train(bool(data["training"]))
         return module
 
-    def type_of(self, spec: str, base: type, what: str) -> type:
+    def type_of(self, spec: str, base: type[T], what: str) -> type[T]:
         obj = resolve_name(spec, self.packages, kind="class")
         if not isinstance(obj, type) or not issubclass(obj, base):
             raise ReproError(f"calls.json names {spec!r} as {what}; it is a {type(obj).__name__}")

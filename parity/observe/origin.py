@@ -25,7 +25,9 @@ from pathlib import Path
 _LIBRARIES = tuple(
     os.path.normcase(str(Path(p).resolve())) + os.sep
     for p in (
-        Path(importlib.util.find_spec("torch").origin).parent,  # found, not imported: the plugin's hooks stay light
+        Path(
+            str(getattr(importlib.util.find_spec("torch"), "origin", ""))
+        ).parent,  # found, not imported: the plugin's hooks stay light
         Path(__file__).resolve().parents[1],
         sysconfig.get_paths()["stdlib"],
         sysconfig.get_paths()["platstdlib"],
@@ -49,9 +51,10 @@ def _innermost(frames: traceback.StackSummary | list[traceback.FrameSummary]) ->
 def _chain(exc: BaseException) -> list[BaseException]:
     """`exc` and the exceptions it was raised from or while handling, outermost first."""
     out: list[BaseException] = []
-    while exc is not None and exc not in out:
-        out.append(exc)
-        exc = exc.__cause__ or exc.__context__
+    current: BaseException | None = exc
+    while current is not None and current not in out:
+        out.append(current)
+        current = current.__cause__ or current.__context__
     return out
 
 
