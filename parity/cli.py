@@ -36,6 +36,7 @@ from parity.plugin.options import (
     seed_option,
     workers,
 )
+from parity.plugin.ranks import launched_rank
 from parity.plugin.session import RunDirError, SignalWatch, claim_run_dir, probe_report_dir
 from parity.report import (
     COMPLETE,
@@ -406,6 +407,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return PYTEST_USAGE_ERROR
     argv = pytest_args_for_run(args, run_id)
     env.select_cpu_kernels()  # before pytest imports anything that runs a kernel (docs/cpu-kernels.md)
+    launched = launched_rank()
+    if launched is not None and launched.rank != 0:
+        # a peer rank under torchrun: rank 0 writes the run and says how it went (docs/lanes.md §4)
+        return int(pytest.main(argv))
     # SIGINT, SIGTERM and SIGHUP end the whole command as one clean stop (docs/cli.md §1): the
     # plugin records the signal in run.json and this command still prints the summary.
     watch = SignalWatch("parity run").install()

@@ -30,3 +30,10 @@ def make_target_rank1_hangs(tp: Any = None) -> Any:
 def make_target_without_tp() -> Any:
     """A single-process factory: a tensor-parallel run must refuse it before any test."""
     return _serving(None)
+
+
+def make_target_rank0_hangs(tp: Any = None) -> Any:
+    """Rank 0 never returns from its factory: rank 1 waits for it in its first collective."""
+    if tp is not None and tp.rank == 0:
+        time.sleep(3600)
+    return _serving(tp)
