@@ -33,7 +33,7 @@ import pytest
 from parity import env
 from parity.cases import CaseFileError, add_case_dirs, defer_errors, unreadable_case_files
 from parity.compare import ERROR, FAIL, SKIP
-from parity.plugin import lanes, ranks
+from parity.plugin import lanes, ranks, shards
 from parity.plugin import report_fixture as report_fixture_module
 from parity.plugin.report_fixture import (  # noqa: F401 - fixtures are found in the plugin's namespace
     REPORT,
@@ -80,6 +80,7 @@ SIGNALS = pytest.StashKey[SignalWatch]()
 OWN_SIGNALS = pytest.StashKey[bool]()  # whether this session installed the watch (not `parity run`'s)
 RESUMED = pytest.StashKey[dict[str, Any]]()  # run.json of an --parity-append'ed run before this session
 RESUME = pytest.StashKey[ResumePlan]()  # what an --parity-append'ed session skips and reruns
+RESUMED_ITEMS = pytest.StashKey[list]()  # the tests an appended session deselected: they already hold rows
 UNWRITTEN = pytest.StashKey[dict[str, Any]]()  # rows xdist workers could not write: count, error, tests
 WORKER_USAGE_ERROR = "parity_usage_error"  # key of a worker's one-line usage error in its workeroutput
 WORKER_RESUME_DONE = "parity_resume_done"  # workerinput: node ids an appended run already holds rows of
@@ -126,6 +127,31 @@ class _XdistHooks:
         errors = self.config.stash.setdefault(USAGE_ERRORS, [])
         if message and message not in errors:
             errors.append(message)
+
+
+class _ShardHooks:
+    """`--parity-shard K/N` (parity.plugin.shards): after every other selection, keep this shard's
+    part, and record in run.json which part of which selection it is."""
+
+    def __init__(self, shard: shards.Shard) -> None:
+        self.shard = shard
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+        result = yield
+        if REFUSED in config.stash or not items:
+            return result
+        selection = [*items, *config.stash.get(RESUMED_ITEMS, [])]
+        plan, _, drop = shards.plan(selection, self.shard)
+        config.stash[shards.SHARD] = plan
+        dropped = {id(item) for item in drop}
+        if dropped:
+            config.hook.pytest_deselected(items=[item for item in items if id(item) in dropped])
+            items[:] = [item for item in items if id(item) not in dropped]
+        run_dir = config.stash[SESSION].run_dir
+        if (run_dir / RUN_INFO_FILE).is_file():  # made by a row written while collecting (a family not provided)
+            update_run_info(run_dir, shard=plan.record())
+        return result
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -205,6 +231,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[WRITER] = session.writer(config)
     if session.append and not _is_worker(config) and (session.run_dir / RESULTS_FILE).is_file():
         config.stash[RESUME] = plan_resume(session.run_dir)
+    shard = option(config, "shard")
+    if shard:
+        try:
+            config.pluginmanager.register(_ShardHooks(shards.parse_shard(shard, "--parity-shard")), "parity-shard")
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     if not _is_worker(config):
         config.pluginmanager.register(_SuiteClock(config), "parity-suite-clock")
         if config.pluginmanager.hasplugin("xdist"):
@@ -281,7 +313,11 @@ def resumed_test_ids(config: pytest.Config) -> set[str]:
 
 def writes_session_rows(config: pytest.Config) -> bool:
     """Whether this process writes the rows a session writes once (not per test): the serial
-    session, or the first xdist worker (every worker collects the same tests)."""
+    session, or the first xdist worker (every worker collects the same tests); of a sharded run,
+    only shard 1 (the merged run holds them once)."""
+    shard = option(config, "shard")
+    if shard and shards.parse_shard(shard, "--parity-shard").index != 1:
+        return False
     return not _is_worker(config) or config.workerinput.get("workerid") == "gw0"
 
 
@@ -291,6 +327,7 @@ def _deselect_resumed(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not done:
         return
     skip = [item for item in items if item.nodeid in done]
+    config.stash[RESUMED_ITEMS] = skip  # still part of the selection a shard is cut from
     if skip:
         config.hook.pytest_deselected(items=skip)
         items[:] = [item for item in items if item.nodeid not in done]

@@ -127,6 +127,8 @@ def _answer(failures: dict[int, Any], run_dir: Path) -> int:
         for rank, failure in sorted(failures.items())
         if rank != 0 and (failure.exitcode > 0 or rank0 is None)
     ]
+    if rank0 is not None and rank0.exitcode < 0:  # killed outright (a crash, SIGKILL): it recorded nothing of it
+        lines.insert(0, f"rank 0 was killed by {_signal_name(-rank0.exitcode)} (its output: above)")
     for line in lines:
         print(f"parity: tensor-parallel group broken: {line}", file=sys.stderr)
     if lines:
@@ -136,9 +138,16 @@ def _answer(failures: dict[int, Any], run_dir: Path) -> int:
     return EXIT_INTERRUPTED if lines or rank0 is not None else 0
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def _record(run_dir: Path, lines: list[str]) -> None:
     """Add the ranks that failed to the reason run.json gives for a run that did not complete."""
-    from parity.report import COMPLETE, RUN_INFO_FILE, read_run_info, update_run_info
+    from parity.report import COMPLETE, CRASHED, RUN_INFO_FILE, RUNNING, now_text, read_run_info, update_run_info
 
     if not (run_dir / RUN_INFO_FILE).is_file():
         return
@@ -146,7 +155,10 @@ def _record(run_dir: Path, lines: list[str]) -> None:
     if info.get("status") == COMPLETE:
         return
     said = "tensor-parallel group broken: " + "; ".join(lines)
-    update_run_info(run_dir, reason="; ".join(filter(None, [info.get("reason"), said])), rank_failures=lines)
+    changes = {"reason": "; ".join(filter(None, [info.get("reason"), said])), "rank_failures": lines}
+    if info.get("status") == RUNNING:  # rank 0 died without recording its end: the launcher saw it go
+        changes.update(status=CRASHED, ended=now_text())
+    update_run_info(run_dir, **changes)
 
 
 def _forget_logs(run_dir: Path) -> None:

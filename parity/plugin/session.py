@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import pytest
 
 from parity import env
-from parity.plugin import ranks
+from parity.plugin import ranks, shards
 from parity.plugin.options import DEFAULT_DTYPE, PYTEST_PREFIX, check_run_id, check_seed
 from parity.plugin.resume import ResumePlan, same_selection
 from parity.report import (
@@ -218,6 +218,9 @@ class RunSession:
             info["target_provenance"] = {"spec": self.target, "error": str(exc)}
         if self.cases_dirs:
             info["cases_dirs"] = [str(d) for d in self.cases_dirs]
+        plan = config.stash.get(shards.SHARD, None)
+        if plan is not None:
+            info["shard"] = plan.record()
         info.update(status=RUNNING, started=now_text(), pid=self.controller_pid or os.getpid(), host=socket.gethostname())
         return info
 
