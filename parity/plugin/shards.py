@@ -12,7 +12,7 @@ the lower index). A unit is what must not be split (docs/lanes.md §4):
 - otherwise one case of one family: its tests in every mode judge against the same golden forward,
   computed once per session (`parity.suites.ar.support.ARModels`).
 
-A unit's cost is its tests' cost by mode (`MODE_COST`, measured on the CPU lane); the mutant
+A unit's cost is its tests' measured seconds (`MEASURED_COST_S`, the CPU lane); the mutant
 catalogue's sessions (the sensitivity suite, rank 0 only in a tensor-parallel run) are dealt after
 the others, so every rank of a sharded tensor-parallel run cuts the same plan from the tests it
 shares. The shard records what it is in run.json (`shard`): its index and count, the selection's
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,10 +34,28 @@ import pytest
 from parity.plugin.lanes import KEEP_COMPILE_CACHE, suite_of
 
 SHARD = pytest.StashKey["ShardPlan"]()
-# Seconds a test takes by mode, relative to eager (the CPU lane, 2 cores: a compiled test traces and
-# runs Inductor; a graph test captures once). Only the ratios matter; measured in docs/performance.md.
-MODE_COST = {"eager": 1.0, "cpu_graph": 2.0, "cuda_graph": 2.0, "compiled": 6.0, "compiled_cuda_graph": 7.0}
-SESSION_COST = 8.0  # a mutant's or a control's isolated session (the sensitivity suite)
+# Seconds a test takes, by its module (without `test_`) and mode ('-': a test without one), measured
+# in a CPU-lane run with --durations on the 2-core machine under load (docs/performance.md); only the
+# ratios matter. A test not listed costs DEFAULT_COST_S. The mutant catalogue's tests wait for their
+# isolated sessions, which run beside the other tests: their seconds are those sessions' work.
+MEASURED_COST_S = {
+    ("expert_selection", "compiled"): 16.5,
+    ("expert_selection", "cpu_graph"): 5.4,
+    ("embedding_clamp", "compiled"): 38.6,
+    ("embedding_clamp", "eager"): 2.1,
+    ("decode", "cpu_graph"): 8.2,
+    ("decode", "eager"): 1.2,
+    ("numerics", "cpu_graph"): 3.7,
+    ("numerics", "-"): 0.8,
+    ("fail_closed_capture", "-"): 5.5,
+    ("fail_closed_capture", "cpu_graph"): 4.6,
+    ("image", "-"): 3.0,
+    ("recompiles", "-"): 51.3,
+    ("ranks", "-"): 21.4,
+    ("weight_coverage", "-"): 1.5,
+    ("sensitivity", "-"): 12.7,
+}
+DEFAULT_COST_S = 0.2
 LAST_SUITES = ("sensitivity",)  # dealt after every other unit (rank 0 alone runs them at --tp N)
 _SHARD = re.compile(r"(\d+)/(\d+)")
 
@@ -91,11 +110,11 @@ def unit_of(item: pytest.Item) -> tuple[str, ...]:
 
 
 def item_cost(item: pytest.Item) -> float:
-    if suite_of(item) in LAST_SUITES:
-        return SESSION_COST
+    """What `item` is expected to take (`MEASURED_COST_S`)."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    mode = params.get("mode")
-    return MODE_COST.get(mode, 1.0) if isinstance(mode, str) else 1.0
+    mode = params.get("mode") if isinstance(params.get("mode"), str) else "-"
+    module = Path(str(item.path)).stem.removeprefix("test_")
+    return MEASURED_COST_S.get((module, mode), DEFAULT_COST_S)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +153,8 @@ def assign(items: Sequence[pytest.Item], count: int) -> list[int]:
     shard_of = [0] * len(items)
 
     def deal(keys: list[tuple[str, ...]]) -> None:
-        costs = {key: sum(item_cost(items[i]) for i in units[key]) for key in keys}
+        # fsum: exact, so a unit's cost is the same whatever order the tests were collected in
+        costs = {key: math.fsum(item_cost(items[i]) for i in units[key]) for key in keys}
         for key in sorted(keys, key=lambda k: (-costs[k], k)):
             target = min(range(count), key=lambda s: (load[s], s))
             load[target] += costs[key]

@@ -20,7 +20,7 @@ from reference_models.ar.config import ar_config
 from reference_models.checkpoints import random_state_dict
 from serving_models.ar import sharded
 from serving_models.common.safetensors_io import WeightMismatchError
-from tests.support.helpers import PROJECT_ROOT, run_parity, run_pytest
+from tests.support.helpers import PROJECT_ROOT, run, run_parity, run_pytest
 from tests.support.shared_run import SharedRun, copy_run
 
 pytestmark = [pytest.mark.parity_cpu]
@@ -173,30 +173,7 @@ def test_a_rank_that_hangs_in_its_factory_is_named_by_the_heartbeat(tmp_path: Pa
     _not_complete(run_dir)
 
 
-@pytest.mark.parity_slow
-def test_a_rank_0_factory_that_hangs_ends_the_run_with_a_line(tmp_path: Path) -> None:
-    """The up-front target check is a single process's: at --tp 2 rank 0's own factory may hang.
-    Its heartbeat thread still judges the group, names rank 0 and interrupts it."""
-    code, output, run_dir = _tp_session(tmp_path, "make_target_rank0_hangs")
-    assert code not in (0, 5), output[-3000:]
-    assert "rank 0 at calling the target's factory (tests.support.tp_target_variants:make_target_rank0_hangs)" in output
-    _not_complete(run_dir)
-
-
-@pytest.mark.parity_slow
-def test_a_run_whose_peer_never_finished_is_not_complete(tmp_path: Path) -> None:
-    """Rank 0's tests need no collective (the self-checks) and finish; rank 1 never returns from its
-    factory. Rank 0 waits for rank 1's end, the heartbeat says it will not come, and run.json says
-    `interrupted` with the rank named: the review exits 3, never 0."""
-    code, output, run_dir = _tp_session(tmp_path, "make_target_rank1_hangs", test="parity/suites/selfcheck::")
-    assert code == 2, output[-3000:]
-    info = read_run_info(run_dir)
-    assert info["status"] == "interrupted", info
-    assert "rank 1 ended with status 2" in info["reason"] or "rank 1 did not finish its tests" in info["reason"], info
-    assert info["ranks"]["unfinished"], info
-    review = run_parity(["review", str(run_dir), "--no-baseline"])
-    assert review.returncode == 3, review.stdout + review.stderr
-    assert "INCOMPLETE RUN: the run was interrupted (tensor-parallel group broken: rank 1" in review.stdout
+# A rank-0 factory that hangs, and a run whose peer never finished: tests/harness/test_bad_inputs_ranks.py.
 
 
 def test_a_factory_without_tp_is_refused_naming_the_contract() -> None:
@@ -217,6 +194,32 @@ def test_options_that_cannot_go_with_tp_are_refused(extra: list[str], message: s
     assert result.returncode == 4, result.stdout + result.stderr  # a usage error (docs/cli.md §6)
     assert message in result.stderr
     assert not any(tmp_path.iterdir())  # refused before any run directory
+
+
+# ---------------------------------------------------------------------------------------------
+# The sharded heads' gather: a form every accepted torch compiles
+# ---------------------------------------------------------------------------------------------
+
+
+def _gather_probe(*flags: str) -> list[str]:
+    result = run(
+        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "tests/support/tp_gather_probe.py", *flags],
+        timeout=900,
+    )
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    return lines
+
+
+@pytest.mark.parity_slow
+def test_the_sharded_forward_compiles_whole_without_the_chunk_cat_torch_2_11_cannot_trace() -> None:
+    """The compiled mode's case on the installed torch: the sharded forward compiles with
+    fullgraph=True at TP=2 and never calls funcol's `_maybe_view_chunk_cat` (torch 2.11's Dynamo
+    refuses it: the compiled rows errored there, docs/targets.md §11). The gather along the last
+    dim (the broken variant, the form before) calls it on every torch."""
+    assert _gather_probe() == ["rank 0: compiled ok, chunk-cat calls 0", "rank 1: compiled ok, chunk-cat calls 0"]
+    old = _gather_probe("--old-form")
+    assert all("compiled failed" in line or not line.endswith("chunk-cat calls 0") for line in old), old
 
 
 # ---------------------------------------------------------------------------------------------

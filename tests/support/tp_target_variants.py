@@ -32,8 +32,12 @@ def make_target_without_tp() -> Any:
     return _serving(None)
 
 
+HANG_ENV = "PARITY_TEST_HANG_S"  # how long a "hanging" factory sleeps (a broken variant's run must end by itself)
+
+
 def make_target_rank0_hangs(tp: Any = None) -> Any:
-    """Rank 0 never returns from its factory: rank 1 waits for it in its first collective."""
+    """Rank 0 does not return from its factory (for `PARITY_TEST_HANG_S`, an hour by default): rank
+    1 waits for it in its first collective."""
     if tp is not None and tp.rank == 0:
-        time.sleep(3600)
+        time.sleep(float(os.environ.get(HANG_ENV, "3600")))
     return _serving(tp)
