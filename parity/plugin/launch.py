@@ -97,6 +97,9 @@ def launch(config: pytest.Config) -> int:
         max_restarts=0,
         logs_specs=DefaultLogsSpecs(log_dir=str(agent_dir)),
     )
+    # Where every GPU is a rank, the launcher would bind each to its NUMA node with numactl, which a
+    # machine need not have; parity's ranks run as started (torchrun users choose with --numa-binding).
+    launch_config.numa_options = None
     log = str(run_dir / ranks.RANKS_DIR / "rank-{rank}.log")
     command = ["-m", "parity.plugin.rank_output", log, "--", "-m", "pytest", *args]
     try:
