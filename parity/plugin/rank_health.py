@@ -25,6 +25,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 BEAT_INTERVAL_S = 1.0
+# A live process's heartbeat thread beats about once a second; one that has not beaten for this long
+# (or for the stall limit, if that is shorter) has ended or is frozen.
+HEARTBEAT_LOST_S = 120.0
 RUNNING, FINISHED = "running", "finished"
 
 
@@ -50,6 +53,11 @@ class Position:
 class _Seen:
     position: Position | None = None
     beat_at: float = 0.0  # when its beat counter last moved (this process's clock)
+
+
+def heartbeat_lost_s(stall_s: float) -> float:
+    """Seconds without a heartbeat after which a rank counts as ended or frozen."""
+    return min(stall_s, HEARTBEAT_LOST_S)
 
 
 class HealthJudge:

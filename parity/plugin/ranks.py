@@ -41,7 +41,8 @@ from typing import Any
 
 import pytest
 
-from parity.stall import heartbeat_lost_s, stall_limit_s
+from parity.observe.progress import stall_limit
+from parity.plugin.rank_health import heartbeat_lost_s
 
 RANK_PID_ENV = "PARITY_TP_RANK_PID"  # the process that took the launcher's rank (its children are not ranks)
 LOG_ENV = "PARITY_TP_LOG"  # where parity's launcher sends this rank's output (docs/lanes.md §4)
@@ -80,9 +81,9 @@ class TensorParallel:
 
 
 def stall_s() -> float:
-    """`PARITY_STALL_S` (parity.stall), a bad value refused as a usage error."""
+    """`PARITY_STALL_S` (parity.observe.progress), a bad value refused as a usage error."""
     try:
-        return stall_limit_s()
+        return stall_limit()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
 
