@@ -466,7 +466,7 @@ def _finish_ranks(session: pytest.Session, *, signalled: bool) -> str:
         if group.finish_peer(int(session.exitstatus), stopped or (group.dead or ""), run_dir):
             session.exitstatus = pytest.ExitCode.OK
         return ""
-    end = group.finish_rank0(run_dir, signalled=signalled)
+    end = group.finish_rank0(run_dir, signalled=signalled, refused=session.exitstatus == pytest.ExitCode.USAGE_ERROR)
     for line in end.unfinished + end.disagreements:
         print(f"parity: {line}", file=sys.stderr)
     if (run_dir / RUN_INFO_FILE).is_file():

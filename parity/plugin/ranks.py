@@ -378,10 +378,11 @@ class RankGroup:
         self.release()
         return acknowledged
 
-    def finish_rank0(self, results: Path, *, signalled: bool) -> RankEnd:
+    def finish_rank0(self, results: Path, *, signalled: bool, refused: bool = False) -> RankEnd:
         """Rank 0: wait until every peer has handed over its end or its heartbeat is lost (a peer
         the group's stall interrupted hands over too, or its last resort ends it), and account for
-        the group. A rank 0 stopped by a signal (its launcher stopping every rank) does not wait."""
+        the group. A rank 0 stopped by a signal (its launcher stopping every rank) does not wait; a
+        rank 0 that refused the session (`refused`: a usage error) expects its peers to have too."""
         self._ending.set()
         self._heartbeat.finished()
         if self.dead is not None or signalled:
@@ -405,7 +406,7 @@ class RankGroup:
                 unfinished.append(f"rank {rank} did not finish its tests: {why}")
                 continue
             status = peers[rank]
-            if status["exitstatus"] not in (0, 1, 5):
+            if status["exitstatus"] not in (0, 1, 5) and not (refused and status["exitstatus"] == EXIT_USAGE):
                 said = f": {status['reason']}" if status.get("reason") else ""
                 unfinished.append(f"rank {rank} ended with status {status['exitstatus']}{said} ({output_of(rank, status)})")
         disagreements = [] if unfinished else disagreements_with(results, peers)
