@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.parity_cpu, pytest.mark.parity_slow]
 
 VARIANTS = "tests.support.tp_target_variants"
 STALL = {"PARITY_STALL_S": "20"}  # a broken group is named after 20 s without progress
-# A generous hang guard for the child where `run` takes one (issue 48's stall-guarded `run` takes none).
+# A generous hang guard for the child where `run` takes one (a stall-guarded `run`, docs/lanes.md §4, takes none).
 LIMIT = {"timeout": 900} if "timeout" in inspect.signature(run).parameters else {}
 
 

@@ -128,7 +128,7 @@ def test_the_example_engine_at_tp2_matches_its_single_process_run(example_tp_run
 
 
 STALL_S = "20"  # the stall limit of these sessions: a broken group is named after 20 s without progress
-# A generous hang guard for the child where `run` takes one (issue 48's stall-guarded `run` takes none).
+# A generous hang guard for the child where `run` takes one (a stall-guarded `run`, docs/lanes.md §4, takes none).
 LIMIT = {"timeout": 900} if "timeout" in inspect.signature(run).parameters else {}
 
 
