@@ -23,6 +23,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if switch == "stall-guard":
         rank_health.HealthJudge.verdict = lambda self: None  # type: ignore[method-assign]
     elif switch == "rank-ends":
-        ranks.RankGroup.finish_rank0 = lambda self, results, signalled: ranks.RankEnd([], [], {})  # type: ignore[method-assign]
+        ranks.RankGroup.finish_rank0 = lambda self, results, **how: ranks.RankEnd([], [], {})  # type: ignore[method-assign]
     elif switch:
         raise pytest.UsageError(f"{SWITCH_ENV}={switch!r}: expected stall-guard or rank-ends")
