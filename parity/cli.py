@@ -36,7 +36,9 @@ from parity.plugin.options import (
     seed_option,
     workers,
 )
+from parity.plugin.ranks import launched_rank
 from parity.plugin.session import RunDirError, SignalWatch, claim_run_dir, probe_report_dir
+from parity.plugin.shards import parse_shard
 from parity.report import (
     COMPLETE,
     ReportError,
@@ -54,6 +56,7 @@ from parity.target import FAMILIES
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 DEFAULT_REPORT_DIR = Path("reports") / "runs"  # relative to the directory parity runs in
 PYTEST_INTERRUPTED, PYTEST_USAGE_ERROR, PYTEST_NO_TESTS = 2, 4, 5
+MERGE_REFUSED = 2  # `parity merge`: the shards are not the parts of one run (one line each)
 TARGET_UNRESOLVED = 3  # `parity check-target`: the spec names no loadable factory (1: it loads and breaks the contract)
 
 
@@ -105,6 +108,11 @@ def _run_options_problem(args: argparse.Namespace) -> str | None:
                 f"--append --run-id {args.run_id!r}: the existing run was made with another configuration ({'; '.join(differ)}): "
                 "rows of both would not be one run; choose another run id"
             )
+    if args.shard is not None:
+        try:
+            parse_shard(args.shard)
+        except ValueError as exc:
+            return str(exc)
     if args.tp < 1:
         return f"--tp {args.tp}: the tensor-parallel size must be at least 1"
     if args.tp > 1 and args.numprocesses:
@@ -366,6 +374,24 @@ def _add_check_target_parser(sub: argparse._SubParsersAction) -> None:
     check.set_defaults(func=cmd_check_target)
 
 
+def _add_merge_parser(sub: argparse._SubParsersAction) -> None:
+    merge = sub.add_parser(
+        "merge",
+        help="make one run of the shards of a sharded lane (--shard K/N)",
+        description=(
+            "Join the run directories of a lane run in N shards (--shard 1/N .. N/N, one per machine) into one run "
+            "directory that parity review reads like any run: the shards' rows under one run id, each row's worker "
+            "naming its shard, and run.json with each shard's provenance (merged_from). Refused, one line each, before "
+            "anything is written: a directory that is not a whole shard run, shards of different trees, targets, torch "
+            "versions, seeds, configurations or selections, a shard given twice, a missing part, rows of one test in "
+            "two shards. Exit 0: merged; 2: refused."
+        ),
+    )
+    merge.add_argument("run_dirs", nargs="+", type=_directory, metavar="RUN_DIR", help="the shards' run directories")
+    merge.add_argument("--into", required=True, type=_directory, metavar="RUN", help="the merged run directory (new)")
+    merge.set_defaults(func=cmd_merge)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parity", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
@@ -374,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_checkpoint_parser(sub)
     _add_check_target_parser(sub)
     _add_inspect_parser(sub)
+    _add_merge_parser(sub)
     return parser
 
 
@@ -432,6 +459,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return PYTEST_USAGE_ERROR
     argv = pytest_args_for_run(args, run_id)
     env.select_cpu_kernels()  # before pytest imports anything that runs a kernel (docs/cpu-kernels.md)
+    launched = launched_rank()
+    if launched is not None and launched.rank != 0:
+        # a peer rank under torchrun: rank 0 writes the run and says how it went (docs/lanes.md §5)
+        return int(pytest.main(argv))
     # SIGINT, SIGTERM and SIGHUP end the whole command as one clean stop (docs/cli.md §1): the
     # plugin records the signal in run.json and this command still prints the summary.
     watch = SignalWatch("parity run").install()
@@ -601,6 +632,26 @@ def cmd_review(args: argparse.Namespace) -> int:
         )
         return EXIT_INCOMPLETE
     return EXIT_OK if review.ok else EXIT_FAILED
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    """Merge the shards (`parity.report.merge`): exit 0 merged, 2 refused with one line per problem."""
+    from parity.report.merge import MergeError, merge_runs
+
+    try:
+        info = merge_runs(args.run_dirs, args.into)
+    except MergeError as exc:
+        for line in exc.lines:
+            print(f"parity merge: {line}", file=sys.stderr)
+        return MERGE_REFUSED
+    except (OSError, ReportError, ValueError) as exc:
+        print(f"parity merge: {exc}", file=sys.stderr)
+        return MERGE_REFUSED
+    shards = info["merged_from"]
+    rows = sum(shard["rows"] for shard in shards)
+    print(f"merged {len(shards)} shards ({rows} rows, {info['selection']['selection_tests']} tests) into {args.into}")
+    print(f"review it: parity review {args.into}")
+    return 0
 
 
 def cmd_check_target(args: argparse.Namespace) -> int:

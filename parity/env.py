@@ -112,6 +112,26 @@ def git_sha(root: Path = PROJECT_ROOT) -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
+@functools.cache
+def tree_digest(root: Path = PROJECT_ROOT) -> str:
+    """What the harness under test is, as content: in a checkout, the tracked files as committed or
+    staged (`git ls-files -s`) and the changes not yet staged (`git diff`), hashed; in an installed
+    parity, its package files. Two shards of one run must come from the same tree (`parity merge`);
+    a short commit with `-dirty` cannot say whether two dirty trees are the same."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    try:
+        for args in (["ls-files", "-s"], ["diff", "--no-ext-diff", "--binary", "HEAD"]):
+            digest.update(subprocess.run(["git", *args], cwd=root, capture_output=True, check=True, timeout=30).stdout)
+        return "git:" + digest.hexdigest()[:16]
+    except (OSError, subprocess.SubprocessError):
+        package = Path(__file__).resolve().parent
+        for path in sorted(package.rglob("*.py")):
+            digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+        return "package:" + digest.hexdigest()[:16]
+
+
 def target_provenance(spec: str, factory: str) -> dict[str, str]:
     """Where the target under test comes from, for `run.json`: the `--target` value, its factory
     (`module:callable`), the module's file, the installed distribution and version that ship its

@@ -20,6 +20,8 @@ from tests.support.shared_run import (
     EXAMPLE,
     EXAMPLE_TP2,
     LANE,
+    LANE_SHARD_1,
+    LANE_SHARD_2,
     MINIMAL,
     REFERENCE,
     SUITES_BUT_SENSITIVITY,
@@ -41,6 +43,8 @@ SHARED_RUN_FIXTURES = {
     "minimal_run": MINIMAL,
     "tp_run": TP2,
     "example_tp_run": EXAMPLE_TP2,
+    "lane_shard_1": LANE_SHARD_1,
+    "lane_shard_2": LANE_SHARD_2,
 }
 
 
@@ -123,3 +127,15 @@ def tp_run(shared_runs: SharedRuns | None) -> SharedRun:
 def example_tp_run(shared_runs: SharedRuns | None) -> SharedRun:
     """The example engine's TP=2 variant (examples/engine_target/engine_tp.py) through every AR suite."""
     return _read(shared_runs, "example_tp_run")
+
+
+@pytest.fixture(scope="session")
+def lane_shard_1(shared_runs: SharedRuns | None) -> SharedRun:
+    """The CPU lane's first of two shards (`parity run --shard 1/2`)."""
+    return _read(shared_runs, "lane_shard_1")
+
+
+@pytest.fixture(scope="session")
+def lane_shard_2(shared_runs: SharedRuns | None) -> SharedRun:
+    """The CPU lane's second of two shards (`parity run --shard 2/2`)."""
+    return _read(shared_runs, "lane_shard_2")

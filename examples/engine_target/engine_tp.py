@@ -90,7 +90,10 @@ class VocabParallelHead(nn.Linear):
         self.group = group
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return _gather(F.linear(hidden, self.weight).contiguous(), hidden.dim() - 1, self.group.group)
+        # gathered along dim 0, then concatenated: torch 2.11's Dynamo cannot trace a gather along
+        # another dim (funcol's `_maybe_view_chunk_cat`, docs/targets.md §11)
+        stacked = _gather(F.linear(hidden, self.weight).contiguous(), 0, self.group.group)
+        return torch.cat(torch.chunk(stacked, self.group.world_size, dim=0), dim=-1)
 
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard: str | None) -> None:
         param.data.copy_(loaded[self.lo : self.lo + self.out_features])

@@ -27,6 +27,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_pytest_options(parser)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """`--parity-tp N` in a process no launcher started: start the N ranks through torch's launcher
+    instead of running the session here, and answer with rank 0's exit status (parity.plugin.launch)."""
+    from parity.plugin import launch
+
+    if not launch.needs_launch(config):
+        return None
+    return launch.launch(config)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     lanes.register_markers(config)
     lanes.scope(config)  # a bad ini value is a usage error up front

@@ -34,7 +34,7 @@ from parity import env
 from parity.cases import CaseFileError, add_case_dirs, defer_errors, unreadable_case_files
 from parity.compare import ERROR, FAIL, SKIP
 from parity.observe.origin import error_line
-from parity.plugin import lanes, ranks
+from parity.plugin import lanes, ranks, shards
 from parity.plugin import report_fixture as report_fixture_module
 from parity.plugin.report_fixture import (  # noqa: F401 - fixtures are found in the plugin's namespace
     REPORT,
@@ -51,6 +51,7 @@ from parity.plugin.report_fixture import (  # noqa: F401 - fixtures are found in
 )
 from parity.plugin.resume import ResumePlan, drop_rows, plan_resume
 from parity.plugin.session import (
+    TARGET_INTERRUPTED,
     WORKER_CONTROLLER_PID,
     WORKER_RUN_DIR,
     RunDirError,
@@ -62,7 +63,15 @@ from parity.plugin.session import (
     session_target,
     unwritten_text,
 )
-from parity.report import RESULTS_FILE, RUN_INFO_FILE, add_suite_seconds, format_summary, read_results, summarize
+from parity.report import (
+    RESULTS_FILE,
+    RUN_INFO_FILE,
+    add_suite_seconds,
+    format_summary,
+    read_results,
+    summarize,
+    update_run_info,
+)
 from parity.report.case_lines import failing_cases_text
 from parity.report.rows import RowNotWritten
 from parity.target import PLANTED_SUITE, TargetError
@@ -73,6 +82,7 @@ SIGNALS = pytest.StashKey[SignalWatch]()
 OWN_SIGNALS = pytest.StashKey[bool]()  # whether this session installed the watch (not `parity run`'s)
 RESUMED = pytest.StashKey[dict[str, Any]]()  # run.json of an --parity-append'ed run before this session
 RESUME = pytest.StashKey[ResumePlan]()  # what an --parity-append'ed session skips and reruns
+RESUMED_ITEMS = pytest.StashKey[list]()  # the tests an appended session deselected: they already hold rows
 UNWRITTEN = pytest.StashKey[dict[str, Any]]()  # rows xdist workers could not write: count, error, tests
 WORKER_USAGE_ERROR = "parity_usage_error"  # key of a worker's one-line usage error in its workeroutput
 WORKER_RESUME_DONE = "parity_resume_done"  # workerinput: node ids an appended run already holds rows of
@@ -119,6 +129,31 @@ class _XdistHooks:
         errors = self.config.stash.setdefault(USAGE_ERRORS, [])
         if message and message not in errors:
             errors.append(message)
+
+
+class _ShardHooks:
+    """`--parity-shard K/N` (parity.plugin.shards): after every other selection, keep this shard's
+    part, and record in run.json which part of which selection it is."""
+
+    def __init__(self, shard: shards.Shard) -> None:
+        self.shard = shard
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+        result = yield
+        if REFUSED in config.stash or not items:
+            return result
+        selection = [*items, *config.stash.get(RESUMED_ITEMS, [])]
+        plan, _, drop = shards.plan(selection, self.shard)
+        config.stash[shards.SHARD] = plan
+        dropped = {id(item) for item in drop}
+        if dropped:
+            config.hook.pytest_deselected(items=[item for item in items if id(item) in dropped])
+            items[:] = [item for item in items if id(item) not in dropped]
+        run_dir = config.stash[SESSION].run_dir
+        if (run_dir / RUN_INFO_FILE).is_file():  # made by a row written while collecting (a family not provided)
+            update_run_info(run_dir, shard=plan.record())
+        return result
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -171,7 +206,16 @@ def pytest_configure(config: pytest.Config) -> None:
     # oneDNN's ISA follows a forced ATEN_CPU_CAPABILITY and Inductor gets a cache per kernel set
     # (docs/cpu-kernels.md); only acts when ATEN_CPU_CAPABILITY is set, before any kernel runs.
     env.select_cpu_kernels()
-    session = RunSession.from_config(config)
+    # A tensor-parallel rank meets the others first: a peer writes inside the run directory rank 0 chooses.
+    group = None if _is_worker(config) else ranks.configure(config, option(config, "tp"), option(config, "device"))
+    try:
+        session = RunSession.from_config(config, run_dir=group.peer_run_dir() if group is not None and group.rank else None)
+    except pytest.UsageError as exc:
+        if group is not None and group.rank == 0:
+            group.publish_run_dir(None, refused=str(exc))
+        raise
+    if group is not None:
+        _join_the_run(config, group, session)
     if session.device == "cuda":
         lanes.pin_xdist_worker_to_gpu()  # before anything initialises CUDA
         import torch
@@ -185,16 +229,35 @@ def pytest_configure(config: pytest.Config) -> None:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
     add_case_dirs(session.cases_dirs)
-    if not _is_worker(config):
-        ranks.configure(config, session.tp, session.run_dir, session.device)
     config.stash[SESSION] = session
     config.stash[WRITER] = session.writer(config)
     if session.append and not _is_worker(config) and (session.run_dir / RESULTS_FILE).is_file():
         config.stash[RESUME] = plan_resume(session.run_dir)
+    shard = option(config, "shard")
+    if shard:
+        try:
+            config.pluginmanager.register(_ShardHooks(shards.parse_shard(shard, "--parity-shard")), "parity-shard")
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     if not _is_worker(config):
         config.pluginmanager.register(_SuiteClock(config), "parity-suite-clock")
         if config.pluginmanager.hasplugin("xdist"):
             config.pluginmanager.register(_XdistHooks(config), "parity-xdist")
+
+
+def _join_the_run(config: pytest.Config, group: ranks.RankGroup, session: RunSession) -> None:
+    """Rank 0 tells the peers where the run is and, should its main thread never come back from a
+    broken group, lets the heartbeat record the run's end; every rank lets the peers go at its end."""
+    if group.rank == 0:
+        group.publish_run_dir(session.run_dir)
+
+        def record_end(why: str) -> None:
+            finish_run(
+                session.run_dir, pytest.ExitCode.INTERRUPTED, signal_name=None, stopped=f"tensor-parallel group broken: {why}"
+            )
+
+        group.on_last_resort = record_end
+    config.add_cleanup(group.release)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -270,7 +333,11 @@ def resumed_test_ids(config: pytest.Config) -> set[str]:
 
 def writes_session_rows(config: pytest.Config) -> bool:
     """Whether this process writes the rows a session writes once (not per test): the serial
-    session, or the first xdist worker (every worker collects the same tests)."""
+    session, or the first xdist worker (every worker collects the same tests); of a sharded run,
+    only shard 1 (the merged run holds them once)."""
+    shard = option(config, "shard")
+    if shard and shards.parse_shard(shard, "--parity-shard").index != 1:
+        return False
     return not _is_worker(config) or config.workerinput.get("workerid") == "gw0"  # type: ignore[attr-defined]  # pytest-xdist sets it on a worker's config
 
 
@@ -280,6 +347,7 @@ def _deselect_resumed(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not done:
         return
     skip = [item for item in items if item.nodeid in done]
+    config.stash[RESUMED_ITEMS] = skip  # still part of the selection a shard is cut from
     if skip:
         config.hook.pytest_deselected(items=skip)
         items[:] = [item for item in items if item.nodeid not in done]
@@ -315,6 +383,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     defer_errors(False)  # collection is over: a case file read by a test raises as ever
     if REFUSED in session.config.stash:  # refused in pytest_collection_modifyitems: nothing is touched
         return
+    if session.config.stash.get(TARGET_INTERRUPTED, False):  # pytest calls this hook while the interruption unwinds
+        return
     if any(lanes.is_parity_test(item) for item in session.items):
         try:
             session_target(session.config)
@@ -343,7 +413,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _watch_signals(config)
     group = config.stash.get(ranks.GROUP, None)
     if group is not None:
-        group.watch(session)
+        group.session = session  # a broken group stops the session after the test in flight
     plan = config.stash.get(RESUME, None)
     terminal = config.pluginmanager.get_plugin("terminalreporter")
     if plan is not None and terminal is not None:  # said even under -q: the session runs only part of the tests
@@ -376,12 +446,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if session.exitstatus == pytest.ExitCode.USAGE_ERROR and RESUMED in config.stash:
             config.stash[SESSION].restore(config.stash[RESUMED])  # refused before any test: the run is as it was
             return
-        _finish_ranks(session)
+        received = watch.received if watch is not None else None
+        broken = _finish_ranks(session, signalled=received is not None)
         unwritten = _unwritten(config)
         if unwritten["count"] and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a row lost is never a clean exit
-        received = watch.received if watch is not None else None
-        stopped = str(session.shouldfail or session.shouldstop or "")
+        stopped = broken or str(session.shouldfail or session.shouldstop or "")
         try:
             _record_suite_seconds(config)
             finish_run(
@@ -400,19 +470,42 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             watch.restore()
 
 
-def _finish_ranks(session: pytest.Session) -> None:
-    """A tensor-parallel session's end: every peer rank ended with a verdict, and with rank 0's
-    verdicts; any other outcome is said in one line per rank and fails the run."""
-    group = session.config.stash.get(ranks.GROUP, None)
-    if group is None:
-        return
-    problems = group.finish()
-    if group.rank == 0 and not problems:
-        problems = ranks.disagreements(session.config.stash[SESSION].run_dir, group)
-    for line in problems:
+def _finish_ranks(session: pytest.Session, *, signalled: bool) -> str:
+    """A tensor-parallel session's end (parity.plugin.ranks). A peer hands rank 0 its end and its
+    verdicts and, once rank 0 has them, exits 0: rank 0 holds the run and its verdict. Rank 0 waits
+    for every peer (or for the heartbeat to say one never will), says in one line each a rank that
+    did not finish its tests or judged a gate row otherwise, and records them in run.json. Returns
+    why the run is not complete ('' when every rank finished its tests)."""
+    config = session.config
+    group = config.stash.get(ranks.GROUP, None)
+    if group is None or SESSION not in config.stash:
+        return ""
+    run_dir = config.stash[SESSION].run_dir
+    if group.rank != 0:
+        stopped = str(session.shouldfail or session.shouldstop or "")
+        if group.finish_peer(int(session.exitstatus), stopped or (group.dead or ""), run_dir):
+            session.exitstatus = pytest.ExitCode.OK
+        return ""
+    end = group.finish_rank0(run_dir, signalled=signalled, refused=session.exitstatus == pytest.ExitCode.USAGE_ERROR)
+    for line in end.unfinished + end.disagreements:
         print(f"parity: {line}", file=sys.stderr)
-    if problems and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED if group.dead is None else pytest.ExitCode.INTERRUPTED
+    if (run_dir / RUN_INFO_FILE).is_file():
+        update_run_info(
+            run_dir,
+            ranks={
+                "world_size": group.world_size,
+                "peers": {str(rank): {k: v for k, v in status.items() if k != "verdicts"} for rank, status in end.peers.items()},
+                "unfinished": end.unfinished or None,
+            },
+            rank_disagreements=end.disagreements or None,
+        )
+    if end.disagreements and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if not end.unfinished and group.dead is None:
+        return ""
+    if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
+    return "tensor-parallel group broken: " + "; ".join(end.unfinished or [str(group.dead)])
 
 
 def _unwritten(config: pytest.Config) -> dict[str, Any]:
@@ -424,6 +517,18 @@ def _unwritten(config: pytest.Config) -> dict[str, Any]:
         unwritten["error"] = unwritten["error"] or writer.write_error
         unwritten["tests"] = set(unwritten["tests"]) | set(writer.unwritten_tests)
     return unwritten
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    """A tensor-parallel rank's progress, for its heartbeat (parity.plugin.rank_health)."""
+    if ranks.ACTIVE is not None:
+        ranks.ACTIVE.moved(f"{nodeid} (setup)")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if ranks.ACTIVE is not None:
+        after = {"setup": "call", "call": "teardown", "teardown": "done"}[report.when]
+        ranks.ACTIVE.moved(f"{report.nodeid} ({after})")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -127,6 +127,17 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         ),
     ),
     RunOption(
+        "shard",
+        dict(
+            default=None,
+            metavar="K/N",
+            help=(
+                "run only the K-th of N deterministic, cost-balanced parts of the selection (a model family's "
+                "shared compiles and each case kept whole), for N machines whose runs `parity merge` joins"
+            ),
+        ),
+    ),
+    RunOption(
         "report-dir",
         dict(
             default=None,

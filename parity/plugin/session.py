@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import pytest
 
 from parity import env
-from parity.plugin import ranks
+from parity.plugin import ranks, shards
 from parity.plugin.options import DEFAULT_DTYPE, PYTEST_PREFIX, check_run_id, check_seed
 from parity.plugin.resume import ResumePlan, same_selection
 from parity.report import (
@@ -62,6 +62,7 @@ WORKER_RUN_DIR = "parity_run_dir"  # key of the run directory in an xdist worker
 WORKER_CONTROLLER_PID = "parity_controller_pid"  # key of the controller's pid in workerinput
 TARGET = pytest.StashKey[Any]()
 TARGET_ERROR = pytest.StashKey[TargetError]()
+TARGET_INTERRUPTED = pytest.StashKey[bool]()  # the factory was interrupted: the session is ending
 # The run.json keys that must agree for `--parity-append` to add rows to an existing run: the
 # options, then the torch and the tree that made it (compared where run.json records them), then
 # where the target's code came from (`env.target_provenance`; known once the session starts).
@@ -108,9 +109,16 @@ def session_target(config: pytest.Config) -> Target:
     group = config.stash.get(ranks.GROUP, None)
     try:
         tp = group.tensor_parallel() if group is not None else None
+        if group is not None:
+            group.moved(f"calling the target's factory ({option(config, 'target')})")
         config.stash[TARGET] = resolve_target(option(config, "target"), option=f"--{PYTEST_PREFIX}target", tp=tp)
+        if group is not None:
+            group.moved("the target's factory returned")
     except TargetError as exc:
         config.stash[TARGET_ERROR] = exc
+        raise
+    except BaseException:  # interrupted (Ctrl-C, a broken tensor-parallel group): never called twice
+        config.stash[TARGET_INTERRUPTED] = True
         raise
     return config.stash[TARGET]
 
@@ -152,14 +160,23 @@ class RunSession:
         return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
 
     @classmethod
-    def from_config(cls, config: pytest.Config) -> RunSession:
+    def from_config(cls, config: pytest.Config, run_dir: Path | None = None) -> RunSession:
+        """The session's options. `run_dir`: a tensor-parallel peer's own directory inside rank 0's
+        run (`parity.plugin.ranks`), emptied of an earlier run's rows; claimed by rank 0's run."""
         device = option(config, "device")
         dtype = option(config, "dtype") or DEFAULT_DTYPE[device]
         worker_input = getattr(config, "workerinput", None)
         append = bool(option(config, "append"))
+        peer = run_dir is not None
         if worker_input is not None:
             run_dir = Path(worker_input[WORKER_RUN_DIR])
             controller = int(worker_input.get(WORKER_CONTROLLER_PID, 0))
+        elif run_dir is not None:
+            controller = os.getpid()
+            try:
+                _empty_peer_dir(run_dir)
+            except RunDirError as exc:
+                raise pytest.UsageError(str(exc)) from None
         else:
             controller = os.getpid()
             run_id = option(config, "run_id")
@@ -194,9 +211,9 @@ class RunSession:
             tp=option(config, "tp"),
             mutants=bool(option(config, "mutants")) or PLANTED_SUITE in option(config, "suite"),
         )
-        if worker_input is None and append and _is_run_dir(session.run_dir):
+        if worker_input is None and not peer and append and _is_run_dir(session.run_dir):
             session.check_append()
-        if worker_input is None and option(config, "run_id") is not None:
+        if worker_input is None and not peer and option(config, "run_id") is not None:
             try:  # a run id given by name is claimed now; a fresh random one cannot be named by another run
                 take_run_dir(config, session.run_dir, overwrite=bool(option(config, "overwrite")), append=append)
             except RunDirError as exc:
@@ -232,6 +249,9 @@ class RunSession:
             info["target_provenance"] = {"spec": self.target, "error": str(exc)}
         if self.cases_dirs:
             info["cases_dirs"] = [str(d) for d in self.cases_dirs]
+        plan = config.stash.get(shards.SHARD, None)
+        if plan is not None:
+            info["shard"] = plan.record()
         info.update(status=RUNNING, started=now_text(), pid=self.controller_pid or os.getpid(), host=socket.gethostname())
         return info
 
@@ -291,6 +311,19 @@ class RunDirError(ValueError):
     """A run directory that cannot be used as asked; one line naming the option."""
 
 
+def _empty_peer_dir(run_dir: Path) -> None:
+    """A tensor-parallel peer's directory (`<run_dir>/ranks/rank-<r>`) holds this session's rows
+    only: an earlier run's there (the same run id on this machine) is removed; anything that is
+    not a parity run, or a link, is refused."""
+    if run_dir.is_symlink():
+        raise RunDirError(f"{run_dir} is a symbolic link: a rank's rows are never written through a link")
+    if not run_dir.exists():
+        return
+    if not run_dir.is_dir() or (any(run_dir.iterdir()) and not _is_run_dir(run_dir)):
+        raise RunDirError(f"{run_dir} exists and is not a rank's earlier run: a rank's rows go there; move it away")
+    shutil.rmtree(run_dir)
+
+
 def probe_report_dir(report_dir: Path, option: str) -> None:
     """Create the report directory if needed and write a probe file in it: a directory that cannot
     be written is one line before the run, never an INTERNALERROR at the first row."""
@@ -338,7 +371,9 @@ def _existing_problem(run_dir: Path, *, overwrite: bool, append: bool, prefix: s
     if not run_dir.exists():
         return ""
     if not _is_run_dir(run_dir):
-        if any(p.name != OWNER_FILE for p in run_dir.iterdir()):
+        # the claim file, and the output of a tensor-parallel run's peer ranks, which parity's
+        # launcher starts writing before rank 0 writes the first row (parity.plugin.launch)
+        if any(p.name not in (OWNER_FILE, ranks.RANKS_DIR) for p in run_dir.iterdir()):
             return (
                 f"{run_id}: {run_dir} exists, is not empty and holds no parity run (no {RESULTS_FILE}, no {RUN_INFO_FILE}): "
                 "choose another run id or report directory"

@@ -45,6 +45,7 @@ PROVENANCE = {
     "dtype": "dtype",
     "size": "size",
     "torch_version": "torch",
+    "tp": "tp",  # a tensor-parallel run's size (docs/targets.md §11): rows of two sizes are two runs
 }
 # The metrics whose gate row decides a discrete choice the dtype's noise can flip: a greedy token
 # (decode's `matched_steps`) and a router's expert ids (`ids_mismatch`). docs/tolerances.md §3:
@@ -280,6 +281,10 @@ def audit_records(records: Records, info: Mapping[str, Any] | None = None) -> Au
         )
         if problem:
             found.problems.append(Problem(_where(path, line, record), problem, unusable=False))
+    for line in (info or {}).get("rank_disagreements") or ():
+        # a tensor-parallel peer judged gate rows otherwise (parity.plugin.ranks): the rows of rank 0 alone
+        # cannot be believed (docs/reports.md §1)
+        found.problems.append(Problem(f"{RUN_INFO_FILE} key 'rank_disagreements'", str(line), unusable=False))
     return found
 
 

@@ -64,8 +64,13 @@ class TensorParallel:
         return funcol.all_reduce(tensor, "sum", self.group)
 
     def all_gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every rank's `tensor` concatenated along the last dim, in rank order."""
-        return _all_gather(tensor.contiguous(), tensor.dim() - 1, self.group)
+        """Every rank's `tensor` concatenated along the last dim, in rank order.
+
+        Gathered along dim 0 and concatenated here: a gather along another dim goes through
+        funcol's `_maybe_view_chunk_cat`, which torch 2.11's Dynamo refuses to trace (marked as
+        skipped), so the compiled modes could not run there (docs/targets.md §11)."""
+        stacked = _all_gather(tensor.contiguous(), 0, self.group)
+        return torch.cat(torch.chunk(stacked, self.world_size, dim=0), dim=-1)
 
 
 class ShardingError(ValueError):

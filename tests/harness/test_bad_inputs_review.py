@@ -26,7 +26,15 @@ from parity.report import RESULTS_FILE, ReportWriter, write_run_info
 from parity.report.rundir import RunClaim
 from tests.support.bad_input_table import Bad, Outcome, check_bad_input, cli
 
-CONTEXT = {"run_id": "r", "target": "serving", "device": "cpu", "dtype": "fp32", "size": "tiny", "torch_version": "2.13.0+cpu"}
+CONTEXT = {
+    "run_id": "r",
+    "target": "serving",
+    "device": "cpu",
+    "dtype": "fp32",
+    "size": "tiny",
+    "torch_version": "2.13.0+cpu",
+    "tp": "1",
+}
 # A small run as the suites write one: lower-, higher- and equal-is-better gate rows, a measured
 # bound, an info row beside a gate row, a skipped test.
 ROWS = [
@@ -317,7 +325,9 @@ BAD_INPUTS = [
     Bad("review-several-sizes", review(mixed("size", "full")), ("results.csv line 7", "size 'full', but line 2 says 'tiny'")),
     Bad("review-several-torch-versions", review(mixed("torch_version", "2.11.0+cu130")), ("results.csv line 7", "torch_version '2.11.0+cu130'")),
     Bad("review-several-run-ids", review(mixed("run_id", "another-run")), ("results.csv line 7", "run_id 'another-run', but line 2 says 'run'")),
+    Bad("review-several-tp-sizes", review(mixed("tp", "2")), ("results.csv line 7", "tp '2', but line 2 says '1'", "one run has one tp")),
     Bad("review-run-json-device", review(run_json_says(device="cuda", device_name="NVIDIA H200")), ("run.json key 'device'", "says 'cuda', but the rows say 'cpu'")),
+    Bad("review-run-json-tp", review(run_json_says(tp=2)), ("run.json key 'tp'", "says 2, but the rows say '1'")),
     Bad("review-run-json-target", review(run_json_says(target="my_engine:make")), ("run.json key 'target'", "says 'my_engine:make', but the rows say 'serving'")),
     Bad("review-run-json-torch", review(run_json_says(torch="2.11.0")), ("run.json key 'torch'", "says '2.11.0', but the rows say '2.13.0+cpu'")),
     # -- docs/reports.md §1 verdicts the rows' own numbers contradict (exit 1) ---------------------------------
@@ -430,7 +440,15 @@ def _follow_links(patch: pytest.MonkeyPatch) -> None:
     patch.setattr("parity.report.page.refuse_link", lambda *a: None)
 
 
+def _no_tp_provenance(patch: pytest.MonkeyPatch) -> None:
+    from parity.report import audit
+
+    patch.setattr(audit, "PROVENANCE", {k: v for k, v in audit.PROVENANCE.items() if k != "tp"})
+
+
 SWITCHED_OFF = {
+    "review-several-tp-sizes": _no_tp_provenance,
+    "review-run-json-tp": _no_tp_provenance,
     "review-verdict-unknown": _no_audit,
     "review-two-files-joined": _no_audit,
     "review-several-targets": _no_audit,

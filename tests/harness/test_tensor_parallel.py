@@ -6,14 +6,14 @@ rank that hangs, a factory that cannot take `tp`, options that cannot go with it
 from __future__ import annotations
 
 import dataclasses
-import time
+import inspect
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from parity.report import read_results
+from parity.report import read_results, read_run_info
 from parity.report.baseline import compare_rows, load_rows
 from parity.report.rows import NOT_PROVIDED, mutation_score
 from parity.target import TargetError, resolve_target
@@ -21,12 +21,13 @@ from reference_models.ar.config import ar_config
 from reference_models.checkpoints import random_state_dict
 from serving_models.ar import sharded
 from serving_models.common.safetensors_io import WeightMismatchError
-from tests.support.helpers import PROJECT_ROOT, run_parity, run_pytest
+from tests.support.helpers import PROJECT_ROOT, run, run_parity, run_pytest
 from tests.support.shared_run import SharedRun, copy_run
 
 pytestmark = [pytest.mark.parity_cpu]
 
 COMMITTED_CPU_BASELINE = PROJECT_ROOT / "reports" / "baselines" / "cpu-fp32.csv"
+NUMERICS_TEST = "parity/suites/ar/test_numerics.py::test_target_matches_reference_layer_by_layer"
 AR_SUITES = {"expert_selection", "fail_closed_capture", "embedding_clamp", "numerics", "decode", "weight_coverage", "recompiles"}
 
 
@@ -126,45 +127,56 @@ def test_the_example_engine_at_tp2_matches_its_single_process_run(example_tp_run
 # ---------------------------------------------------------------------------------------------
 
 
-def _tp_session(tmp_path: Path, factory: str, timeout_s: int) -> tuple[int, str, float]:
+STALL_S = "20"  # the stall limit of these sessions: a broken group is named after 20 s without progress
+# A generous hang guard for the child where `run` takes one (a stall-guarded `run`, docs/lanes.md §5, takes none).
+LIMIT = {"timeout": 900} if "timeout" in inspect.signature(run).parameters else {}
+
+
+def _tp_session(tmp_path: Path, factory: str, test: str = NUMERICS_TEST) -> tuple[int, str, Path]:
+    """`pytest --parity-tp 2` (its ranks started by torch's launcher) with a failing target variant."""
+    path, _, name = test.partition("::")
     args = [
-        "parity/suites/ar/test_numerics.py",
-        "-k",
-        "test_target_matches_reference_layer_by_layer",
+        path,
+        *(["-k", name] if name else []),
         "-m",
         "cpu",
         "--parity-tp",
         "2",
         "--parity-target",
         f"tests.support.tp_target_variants:{factory}",
-        "--parity-report-dir",
-        str(tmp_path),
-        "--parity-run-id",
-        "r",
     ]
-    start = time.monotonic()
-    result = run_pytest(args, cwd=PROJECT_ROOT, PARITY_TP_TIMEOUT_S=str(timeout_s))
-    return result.returncode, result.stdout + result.stderr, time.monotonic() - start
+    args += ["--parity-report-dir", str(tmp_path), "--parity-run-id", "r"]
+    result = run_pytest(args, cwd=PROJECT_ROOT, **LIMIT, PARITY_STALL_S=STALL_S)
+    return result.returncode, result.stdout + result.stderr, tmp_path / "r"
+
+
+def _not_complete(run_dir: Path) -> None:
+    """Whatever the run wrote does not claim more than happened: no run.json, or one that is not complete."""
+    if (run_dir / "run.json").is_file():
+        assert read_run_info(run_dir).get("status") != "complete", read_run_info(run_dir)
 
 
 @pytest.mark.parity_slow
 def test_a_rank_that_dies_ends_the_run_naming_it(tmp_path: Path) -> None:
-    code, output, _ = _tp_session(tmp_path, "make_target_rank1_dies", 60)
+    code, output, run_dir = _tp_session(tmp_path, "make_target_rank1_dies")
     assert code not in (0, 5), output[-3000:]
-    assert "rank 1 exited with status 7" in output, output[-3000:]
-    assert "tensor-parallel group broken" in output
-    # The session stopped after the first broken test: one exception row, not one per test.
-    rows = read_results(tmp_path / "r")
-    assert (rows["verdict"] == "error").sum() >= 1
-    assert rows["test"].nunique() <= 2, rows["test"].unique()
+    assert "tensor-parallel group broken: rank 1 exited with status 7" in output, output[-3000:]
+    assert f"its output: {run_dir / 'ranks' / 'rank-1.log'}" in output
+    _not_complete(run_dir)
 
 
 @pytest.mark.parity_slow
-def test_a_rank_that_hangs_ends_the_run_after_the_collective_timeout(tmp_path: Path) -> None:
-    code, output, _ = _tp_session(tmp_path, "make_target_rank1_hangs", 8)
-    assert code not in (0, 5), output[-3000:]
-    assert "tensor-parallel group broken" in output and "timeout" in output.lower(), output[-3000:]
-    assert "rank 1 was still running" in output and "was stopped" in output, output[-3000:]
+def test_a_rank_that_hangs_in_its_factory_is_named_by_the_heartbeat(tmp_path: Path) -> None:
+    """Rank 1 never returns from its factory while rank 0 waits in its first collective: no rank
+    makes progress, and after the stall limit rank 0 names where each rank is and stops both."""
+    code, output, run_dir = _tp_session(tmp_path, "make_target_rank1_hangs")
+    assert code == 2, output[-3000:]
+    assert "tensor-parallel group broken: no rank made progress for 20 s" in output, output[-3000:]
+    assert "rank 1 at calling the target's factory (tests.support.tp_target_variants:make_target_rank1_hangs)" in output
+    _not_complete(run_dir)
+
+
+# A rank-0 factory that hangs, and a run whose peer never finished: tests/harness/test_bad_inputs_ranks.py.
 
 
 def test_a_factory_without_tp_is_refused_naming_the_contract() -> None:
@@ -185,6 +197,32 @@ def test_options_that_cannot_go_with_tp_are_refused(extra: list[str], message: s
     assert result.returncode == 4, result.stdout + result.stderr  # a usage error (docs/cli.md §6)
     assert message in result.stderr
     assert not any(tmp_path.iterdir())  # refused before any run directory
+
+
+# ---------------------------------------------------------------------------------------------
+# The sharded heads' gather: a form every accepted torch compiles
+# ---------------------------------------------------------------------------------------------
+
+
+def _gather_probe(*flags: str) -> list[str]:
+    result = run(
+        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "tests/support/tp_gather_probe.py", *flags],
+        **LIMIT,
+    )
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    return lines
+
+
+@pytest.mark.parity_slow
+def test_the_sharded_forward_compiles_whole_without_the_chunk_cat_torch_2_11_cannot_trace() -> None:
+    """The compiled mode's case on the installed torch: the sharded forward compiles with
+    fullgraph=True at TP=2 and never calls funcol's `_maybe_view_chunk_cat` (torch 2.11's Dynamo
+    refuses it: the compiled rows errored there, docs/targets.md §11). The gather along the last
+    dim (the broken variant, the form before) calls it on every torch."""
+    assert _gather_probe() == ["rank 0: compiled ok, chunk-cat calls 0", "rank 1: compiled ok, chunk-cat calls 0"]
+    old = _gather_probe("--old-form")
+    assert all("compiled failed" in line or not line.endswith("chunk-cat calls 0") for line in old), old
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,20 +278,34 @@ def _verdict_rows(run_dir: Path, verdicts: dict[tuple[str, str], str]) -> Path:
 
 
 def test_a_peer_that_judged_a_gate_row_otherwise_is_named(tmp_path: Path) -> None:
-    """`ranks.disagreements`: the same verdicts are no finding; one flipped AR verdict on rank 1 is one
-    line naming the row and both verdicts; rank 0's sensitivity rows (a suite only rank 0 runs) are not
-    expected of a peer."""
-    from types import SimpleNamespace
-
+    """`ranks.disagreements_with`, on the verdicts each peer hands rank 0 (`ranks.gate_verdicts`):
+    the same verdicts are no finding; one flipped AR verdict on rank 1 is one line naming the row
+    and both verdicts; rank 0's sensitivity rows (a suite only rank 0 runs) are not expected of a peer."""
     from parity.plugin import ranks
 
     same = {("numerics", "mixed"): "pass", ("decode", "t2i"): "pass"}
     mine = _verdict_rows(tmp_path / "run", {**same, ("sensitivity", "tp-vocab-lookup-unmasked"): "pass"})
 
-    def group(verdicts: dict[tuple[str, str], str], name: str) -> SimpleNamespace:
+    def peer(verdicts: dict[tuple[str, str], str], name: str) -> dict[int, dict]:
         peer_dir = _verdict_rows(tmp_path / name, verdicts)
-        return SimpleNamespace(peers=[ranks.Peer(1, None, tmp_path / f"{name}.log", peer_dir)])
+        return {1: {"verdicts": ranks.gate_verdicts(peer_dir), "host": "node-b", "run_dir": str(peer_dir)}}
 
-    assert ranks.disagreements(mine, group(same, "agrees")) == []
-    (line,) = ranks.disagreements(mine, group({**same, ("decode", "t2i"): "fail"}, "differs"))
+    assert ranks.disagreements_with(mine, peer(same, "agrees")) == []
+    (line,) = ranks.disagreements_with(mine, peer({**same, ("decode", "t2i"): "fail"}, "differs"))
     assert "rank 1 disagrees with rank 0 on 1 gate row(s): decode/t2i/eager max_abs: rank 0 pass, rank 1 fail" in line
+    assert f"(node-b:{tmp_path / 'differs'})" in line
+
+
+def test_a_run_whose_ranks_disagreed_fails_its_review(tmp_path: Path) -> None:
+    """Rank 0 records the lines in run.json (`rank_disagreements`); the review's audit counts each
+    as a disagreement (exit 1). Without the key the same rows review clean: the key is what fails it."""
+    from parity.report import update_run_info, write_run_info
+
+    run_dir = _verdict_rows(tmp_path / "run", {("numerics", "mixed"): "pass"})
+    write_run_info(run_dir, {"run_id": "run", "status": "complete", "tp": 2, "device": "cpu", "dtype": "fp32", "size": "tiny"})
+    clean = run_parity(["review", str(run_dir), "--no-baseline"])
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    update_run_info(run_dir, rank_disagreements=["rank 1 disagrees with rank 0 on 1 gate row(s): numerics/mixed ..."])
+    result = run_parity(["review", str(run_dir), "--no-baseline"])
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "run.json key 'rank_disagreements': rank 1 disagrees with rank 0 on 1 gate row(s)" in result.stdout

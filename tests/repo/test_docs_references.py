@@ -192,6 +192,14 @@ def known_options() -> frozenset[str]:
 
 
 @cache
+def torchrun_options() -> frozenset[str]:
+    """The options of torch's launcher (`torchrun`), from its own parser."""
+    from torch.distributed.run import get_args_parser
+
+    return frozenset(option for action in get_args_parser()._actions for option in action.option_strings)
+
+
+@cache
 def case_files() -> dict[str, dict[str, Any]]:
     return {path.stem: tomllib.loads(path.read_text(encoding="utf-8")) for path in sorted((ROOT / "cases").glob("*.toml"))}
 
@@ -246,7 +254,11 @@ def reference_problems(page: str, text: str, page_dir: str = "") -> list[str]:
             for word in path_words(span):
                 if not path_exists(word, page_dir):
                     problems.append(f"{where}: `{span}`: no file or directory {word!r} in the repository")
-            for option in OPTION.findall(span):
+            launcher, _, rest = span.partition(" -m ") if span.startswith("torchrun ") else ("", "", span)
+            for option in OPTION.findall(launcher):  # `torchrun --nnodes 2 ... -m parity run ...`: torchrun's own
+                if option not in torchrun_options():
+                    problems.append(f"{where}: `{span}`: {option} is no option of torchrun (torch.distributed.run)")
+            for option in OPTION.findall(rest):
                 if option.endswith("-"):  # `--parity-<name>`: the prefix, not an option
                     continue
                 if option not in known_options() and option not in OTHER_OPTIONS:
@@ -292,6 +304,8 @@ EXAMPLE_PAGE = str((DOCS / "example.md").relative_to(ROOT))  # a page of docs/ t
         ("The module `parity/report/nowhere.py` writes it.", "no file or directory"),
         ("Run `parity run --no-such-option`.", "--no-such-option is no option"),
         ("Pass `--parity-colour red` to pytest.", "--parity-colour is no option"),
+        ("Launch `torchrun --nodes 2 -m parity run --tp 2`.", "--nodes is no option of torchrun"),
+        ("Launch `torchrun --nnodes 2 -m parity run --tps 2`.", "--tps is no option of parity"),
         ("The bound of `[tolerances.graph_vs_eager_bf16]`.", "no table or key `tolerances.graph_vs_eager_bf16`"),
         ("Set `[decode_settings] no_such_key`.", "has no key `no_such_key`"),
         ("the bf16 pair (`graph_vs_eager_bf16` in `cases/ar.toml`)", "no table or key `graph_vs_eager_bf16`"),
@@ -310,6 +324,7 @@ def test_a_stale_reference_is_reported(line: str, expected: str) -> None:
         "The suite module `ar/test_decode.py` (under `parity/suites/`), the mutants in `parity/suites/<family>/mutants.py`.",
         "A run writes `reports/runs/<run_id>/` with `results.csv`; figures go to `RUN_DIR/review/`.",
         "`parity run --target x --suite numerics -n 2` and `pytest --pyargs parity.suites --parity-device cuda`",
+        "`torchrun --nnodes 2 --nproc-per-node 8 --standalone -m parity run --tp 16 --shard 1/2`",
         "The bound `[tolerances.graph_vs_eager_fp32]`, `[decode_settings] bucket_steps`, `[[prompts]]`.",
         "the fp32 bound (`graph_vs_eager_fp32` in `cases/ar.toml`)",
         "upstream `vllm-project/vllm-omni#7318`, a ratio of `1/sqrt(fan_in)`, `cases/*.toml`",

@@ -73,14 +73,21 @@ class RunSpec:
     suites: tuple[str, ...] = ALL_SUITES
     tp: int = 1
     mutants: bool = False  # `--mutants`: the planted catalogue's score on the target too
+    shard: str = ""  # `--shard K/N`: one part of the selection (a shard covers no other run, nor is covered)
 
     def args(self) -> list[str]:
         selection = [] if self.suites == ALL_SUITES else [a for suite in self.suites for a in ("--suite", suite)]
-        sharded = ["--tp", str(self.tp)] if self.tp > 1 else []
-        return ["--target", self.target, *selection, *sharded, *(["--mutants"] if self.mutants else [])]
+        return [
+            "--target",
+            self.target,
+            *selection,
+            *(["--tp", str(self.tp)] if self.tp > 1 else []),
+            *(["--shard", self.shard] if self.shard else []),
+            *(["--mutants"] if self.mutants else []),
+        ]
 
     def covers(self, other: RunSpec) -> bool:
-        same = self.target == other.target and self.tp == other.tp
+        same = self.target == other.target and self.tp == other.tp and self.shard == other.shard
         return same and set(other.suites) <= set(self.suites) and (self.mutants or not other.mutants)
 
 
@@ -99,7 +106,11 @@ MINIMAL = RunSpec("minimal-ar", target="examples.minimal_target.parity_target:ma
 # run; the sensitivity suite holds the sharding mutants), and the example engine's own TP=2 variant.
 TP2 = RunSpec("cpu-lane-tp2", tp=2)
 EXAMPLE_TP2 = dataclasses.replace(EXAMPLE, name="example-engine-tp2", tp=2)
-SPECS = (LANE, SUITES_BUT_SENSITIVITY, EXAMPLE, REFERENCE, MINIMAL, TP2, EXAMPLE_TP2)
+# The CPU lane in two shards, as two machines of a CI matrix would run it (merged and reviewed
+# against the lane run in tests/harness/test_shards.py).
+LANE_SHARD_1 = dataclasses.replace(LANE, name="cpu-lane-shard-1-of-2", shard="1/2")
+LANE_SHARD_2 = dataclasses.replace(LANE, name="cpu-lane-shard-2-of-2", shard="2/2")
+SPECS = (LANE, SUITES_BUT_SENSITIVITY, EXAMPLE, REFERENCE, MINIMAL, TP2, EXAMPLE_TP2, LANE_SHARD_1, LANE_SHARD_2)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,3 +30,14 @@ def make_target_rank1_hangs(tp: Any = None) -> Any:
 def make_target_without_tp() -> Any:
     """A single-process factory: a tensor-parallel run must refuse it before any test."""
     return _serving(None)
+
+
+HANG_ENV = "PARITY_TEST_HANG_S"  # how long a "hanging" factory sleeps (a broken variant's run must end by itself)
+
+
+def make_target_rank0_hangs(tp: Any = None) -> Any:
+    """Rank 0 does not return from its factory (for `PARITY_TEST_HANG_S`, an hour by default): rank
+    1 waits for it in its first collective."""
+    if tp is not None and tp.rank == 0:
+        time.sleep(float(os.environ.get(HANG_ENV, "3600")))
+    return _serving(tp)
