@@ -132,3 +132,21 @@ def test_decorated_adapter_methods_count_their_own_compiles(tmp_path: Path) -> N
     warm_up = counts[counts["case"].str.startswith("warm-up")]
     assert len(warm_up) == 4 and (warm_up["value"] == 1).all() and (counts["verdict"] == "pass").all()
     assert "compiles[EngineARAdapter.embed]" in set(counts["metric"])
+
+
+def test_greedy_columns_as_tokens_fail_only_the_dev_layout_case(tmp_path: Path) -> None:
+    """A decode that returns the argmax column as the token is right in the checkpoint's own layout
+    (the gen start is the text table's size) and wrong in the Dev layout: the case built for it
+    (`dev-layout-crosses-into-gen`, cases/ar.toml) fails at the first gen token, every other
+    decode case passes (without that case the slip passed every suite)."""
+    code, output, frame = _run(
+        tmp_path,
+        "tests.support.example_target_variants:make_target_gen_column_as_token",
+        f"{AR_SUITES}/test_decode.py",
+        "-k",
+        "greedy and eager",
+    )
+    assert code == 1, output[-3000:]
+    matched = frame[frame["metric"] == "matched_steps"].set_index("case")["verdict"]
+    assert matched["dev-layout-crosses-into-gen"] == "fail", matched.to_string()
+    assert (matched.drop("dev-layout-crosses-into-gen") == "pass").all() and len(matched) >= 2, matched.to_string()

@@ -91,3 +91,12 @@ def make_target_decorated_methods() -> Any:
     adapter.forward = torch.no_grad()(adapter.forward)  # type: ignore[method-assign]
     adapter.embed = torch.inference_mode()(adapter.embed)  # type: ignore[method-assign]
     return parity_target.make_target()
+
+
+def make_target_gen_column_as_token() -> Any:
+    """A porter's slip: greedy decoding hands back the argmax logits column as the token id (right
+    only while the gen start is the text table's size, docs/checkpoints.md §4)."""
+    from examples.engine_target import parity_target
+
+    parity_target.EngineARAdapter.token_of_column = lambda self, column: column  # type: ignore[method-assign]
+    return parity_target.make_target()
