@@ -19,6 +19,7 @@ decorator wraps is compiled as it is: its own code is already its own.
 from __future__ import annotations
 
 import inspect
+import itertools
 import types
 import weakref
 from collections.abc import Callable
@@ -36,6 +37,7 @@ _TEMPLATE = _frame_template(lambda: None).__code__  # free variable `fn`: the ca
 
 # decorated function -> the code object of its frames (dies with the function)
 _CODES: weakref.WeakKeyDictionary[types.FunctionType, types.CodeType] = weakref.WeakKeyDictionary()
+_NUMBERS = itertools.count()
 # a frame's code object -> where the function it wraps is defined (`file:line`), for the ledger's rows
 _SOURCES: dict[types.CodeType, str] = {}
 
@@ -59,7 +61,9 @@ def frame_code(function: types.FunctionType) -> types.CodeType:
         wrapped = inspect.unwrap(function)
         name = getattr(wrapped, "__name__", function.__name__)
         qualname = getattr(wrapped, "__qualname__", function.__qualname__)
-        code = _TEMPLATE.replace(co_name=name, co_qualname=qualname)
+        # Code objects compare by content, and co_qualname is not part of it: a constant of its own
+        # keeps two frames apart wherever code objects are keys (the ledger's call counts).
+        code = _TEMPLATE.replace(co_name=name, co_qualname=qualname, co_consts=(*_TEMPLATE.co_consts, f"frame {next(_NUMBERS)}"))
         _CODES[function] = code
         source = getattr(wrapped, "__code__", None)
         if source is not None:

@@ -270,3 +270,19 @@ def test_a_decorated_method_is_counted_as_its_own_code(method, other):
     assert code_label(code_of(fn)) == f"DecoratedAdapter.{method}"
     assert code_location(code_of(fn)).startswith(__file__)  # the method's file, not parity's frame
     assert ledger.compiles(getattr(adapter, other)) == 1 and ledger.compiles() == 2
+
+
+def test_decorated_methods_of_one_name_are_two_codes():
+    """Code objects compare by content (their qualname aside): two classes' decorated `forward`s
+    still get frames that are two keys, so calls counted for one are not the other's."""
+
+    class Other:
+        @torch.no_grad()
+        def forward(self, x):
+            return x
+
+    mine, theirs = code_of(DecoratedAdapter.forward), code_of(Other.forward)
+    assert mine != theirs and len({mine, theirs}) == 2
+    ledger = CompileLedger()
+    ledger.count_calls(DecoratedAdapter().forward)(torch.ones(1))
+    assert ledger.calls(DecoratedAdapter.forward) == 1 and ledger.calls(Other.forward) == 0
