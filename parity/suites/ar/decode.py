@@ -35,8 +35,10 @@ from parity.compare import (
     count_rule,
     diff,
 )
+from parity.contract import requirement
 from parity.runners import make_runner
 from parity.suites.ar.support import CASES, ARModels, DecodeSettings, judge
+from parity.target import TargetError
 
 SETTINGS: DecodeSettings = CASES["decode_settings"]
 
@@ -103,11 +105,21 @@ class DecodeGraphs:
     def keyed(self) -> bool:
         return self.keys != (None,)
 
-    def key_for(self, generating: Sequence[bool]) -> str | None:
-        """The target's pick for a batch whose rows are (True) or are not generating."""
-        return self.target.decode_graph_key(list(generating)) if self.keyed else None
+    def key_for(self, generating: Sequence[bool | None]) -> str | None:
+        """The target's pick for a batch whose rows are (True) or are not generating; a pick that is
+        no declared key is the target's error, named (docs/targets.md §3.2)."""
+        if not self.keyed:
+            return None
+        key = self.target.decode_graph_key(list(generating))
+        if not (isinstance(key, str) and key in self.keys):
+            keys = requirement("decode_graph_keys")
+            raise TargetError(
+                f"the {self.target.name} target's decode_graph_key({list(generating)}) returned {key!r}: expected one of "
+                f"its {keys.words} {self.keys} ({keys.cite}; parity check-target asks it too)"
+            )
+        return key
 
-    def run(self, ids: torch.Tensor, positions: torch.Tensor, generating: Sequence[bool] | None = None) -> Any:
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, generating: Sequence[bool | None] | None = None) -> Any:
         """Replay the graph for this batch; `generating` is the host's per-row state. Without it the
         harness plays a synchronous engine, which holds the tokens it sampled (and feeds) on the
         host: they are read here, outside any graph."""

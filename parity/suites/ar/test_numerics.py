@@ -20,10 +20,8 @@ import torch
 from parity.compare import EXACTLY, better_of, count_rule, diff, noise_floor_multiplier
 from parity.runners import make_runner
 from parity.suites.ar.localise import explain_forward
-from parity.suites.ar.support import PROMPTS, TOL, Prompt, ids_of, judge, moe_taps, skip_full_size_compile
+from parity.suites.ar.support import PROMPTS, TOL, Prompt, ids_of, judge, moe_taps, skip_full_size_compile, vocab_gap_models
 from parity.suites.conftest import require_graph_support
-from reference_models.ar.adapter import ReferenceARAdapter
-from reference_models.checkpoints import random_state_dict
 
 pytestmark = [pytest.mark.parity_suite("numerics"), pytest.mark.parity_keep_compile_cache]
 
@@ -99,13 +97,8 @@ def test_text_table_shorter_than_gen_start(ar_models, report, target) -> None:
     models = ar_models
     if models.size != "tiny":
         pytest.skip("the Dev vocabulary layout runs at tiny size: a 16-id gap is the same code path as Dev's 128")
-    config = dataclasses.replace(models.config, vocab_size=models.config.vocab_size - DEV_VOCAB_GAP)
-    state = random_state_dict(config, models.seed, models.device, models.dtype)
-    variant = target.build_ar(config, state, models.device, models.dtype)
-    reference = ReferenceARAdapter.build(config, state, models.device, models.dtype)
-    golden = ReferenceARAdapter.build(
-        config, random_state_dict(config, models.seed, models.device, torch.float64), models.device, torch.float64
-    )
+    dev = vocab_gap_models(models, target, DEV_VOCAB_GAP)
+    config, variant, reference, golden = dev.config, dev.target, dev.reference, dev.golden
     start, text_end, gen_end = (
         config.gen_vocab_start_index,
         config.vocab_size,
