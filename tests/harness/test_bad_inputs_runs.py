@@ -280,7 +280,7 @@ def test_a_wrong_family_cannot_hide_a_vanished_case(rule: str, tmp_path: Path, m
     left_out = dict.fromkeys(header, "")
     left_out.update(
         run_id="run", suite="image", case="dit", target="serving", mode="eager", device="cpu", dtype="fp32", size="tiny",
-        metric="family_not_provided", value="3", verdict="skip", kind="info", torch_version="2.13.0+cpu", family="dit",
+        metric="family_not_provided", value="3", verdict="skip", kind="info", torch_version="2.13.0+cpu", family="dit", tp="1",
         test="suites/dit::image",
     )  # fmt: skip
     (run / RESULTS_FILE).write_text("".join([rows[0], *kept, ",".join(left_out[c] for c in header) + "\n"]))

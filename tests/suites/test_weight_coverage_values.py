@@ -70,7 +70,7 @@ def test_a_tensor_in_the_wrong_parameter_fails_whatever_the_name_map_says() -> N
 
 def _coverage_rows(tmp_path: Path, target: str) -> tuple[int, str, object]:
     args = ["parity/suites/ar/test_weight_coverage.py", "-q", "--parity-target", target]
-    result = run_pytest([*args, "--parity-report-dir", str(tmp_path), "--parity-run-id", "r"], cwd=PROJECT_ROOT, timeout=900)
+    result = run_pytest([*args, "--parity-report-dir", str(tmp_path), "--parity-run-id", "r"], cwd=PROJECT_ROOT)
     return result.returncode, result.stdout + result.stderr, read_results(tmp_path / "r")
 
 
@@ -81,7 +81,6 @@ def test_an_honest_map_of_a_loader_defect_is_a_failure_row_and_the_run_goes_on(t
     result = run_parity(
         ["run", "--target", target, "--suite", "weight_coverage", "--report-dir", str(tmp_path), "--run-id", "r"],
         cwd=PROJECT_ROOT,
-        timeout=900,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 1 and "does not conform" not in output, output[-3000:]
