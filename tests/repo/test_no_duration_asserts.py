@@ -179,8 +179,10 @@ def child_deadlines(paths: Iterable[Path], *, root: Path) -> list[str]:
                 continue
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             for keyword in node.keywords:
-                if name in CHILD_CALLS and keyword.arg == "timeout" and not (
-                    isinstance(keyword.value, ast.Constant) and keyword.value.value is None
+                if (
+                    name in CHILD_CALLS
+                    and keyword.arg == "timeout"
+                    and not (isinstance(keyword.value, ast.Constant) and keyword.value.value is None)
                 ):
                     found.add(f"{path.relative_to(root)}:{node.lineno}: {ast.get_source_segment(source, node)}")
     return sorted(found)
