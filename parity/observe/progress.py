@@ -31,19 +31,25 @@ DEFAULT_STALL_S = 900.0
 POLL_S = 0.5  # how often watched paths are looked at
 
 
-def stall_limit(given: float | None = None) -> float:
-    """Seconds without progress after which a child is stopped: `given`, else $PARITY_STALL_S, else 900."""
+def seconds_setting(given: float | None, env: str, default: float, what: str) -> float:
+    """A positive, finite number of seconds: `given`, else $`env`, else `default`; `what` names
+    the setting in the error a bad value gets."""
     if given is None:
-        text = os.environ.get(STALL_ENV, "").strip()
+        text = os.environ.get(env, "").strip()
         if not text:
-            return DEFAULT_STALL_S
+            return default
         try:
             given = float(text)
         except ValueError:
-            raise ValueError(f"{STALL_ENV}={text!r}: expected a number of seconds") from None
+            raise ValueError(f"{env}={text!r}: expected a number of seconds") from None
     if not given > 0 or given == float("inf"):
-        raise ValueError(f"{STALL_ENV} {given!r}: expected a finite number of seconds > 0")
+        raise ValueError(f"{what} {given!r}: expected a finite number of seconds > 0")
     return float(given)
+
+
+def stall_limit(given: float | None = None) -> float:
+    """Seconds without progress after which a child is stopped: `given`, else $PARITY_STALL_S, else 900."""
+    return seconds_setting(given, STALL_ENV, DEFAULT_STALL_S, STALL_ENV)
 
 
 class Stalled(subprocess.TimeoutExpired):
