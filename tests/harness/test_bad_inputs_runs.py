@@ -241,7 +241,8 @@ def test_an_engine_worker_process_is_no_copy(tmp_path: Path, monkeypatch: pytest
 
 def _family_alone(baseline: Any, current: Any) -> dict[str, Any]:
     """`not_compared` as it was: every baseline row of a family the run left out, whatever its suite."""
-    from parity.report.baseline import NOT_PROVIDED, SKIP
+    from parity.compare import SKIP
+    from parity.report.schema import NOT_PROVIDED
 
     left = current[(current["metric"] == NOT_PROVIDED) & (current["verdict"] == SKIP)]
     return {"families this target does not provide": baseline["family"].isin(set(left["case"]))}
@@ -336,7 +337,7 @@ IN_PROCESS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "append-other-tree": _old_append_rule,
     "suite-not-provided": _family_left_out_wholesale,
     "plugin-switched-off": lambda patch: patch.setattr("parity.plugin.switched_off", lambda config: False),
-    "owner-on-another-host": lambda patch: patch.setattr("parity.report.review.claimed_elsewhere", lambda owner, info: False),
+    "owner-on-another-host": lambda patch: patch.setattr("parity.report.run_files.claimed_elsewhere", lambda owner, info: False),
 }
 # Checks that live in check-target's child process: switched off in a fresh interpreter, whose
 # check-target forks its child (the patch is inherited).

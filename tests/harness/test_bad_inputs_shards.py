@@ -148,7 +148,7 @@ def _shards_unchecked(patch: pytest.MonkeyPatch) -> None:
 
 
 def _incomplete_accepted(patch: pytest.MonkeyPatch) -> None:
-    patch.setattr("parity.report.review.completeness", lambda run_dir, info: [])
+    patch.setattr("parity.report.merge.completeness", lambda run: [])
 
 
 def _any_into(patch: pytest.MonkeyPatch) -> None:

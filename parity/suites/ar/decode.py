@@ -31,9 +31,11 @@ from parity.compare import (
     TIE_FLIP,
     TensorDiff,
     Verdict,
+    better_of,
     classify_decision,
     count_rule,
     diff,
+    with_rule,
 )
 from parity.contract import requirement
 from parity.runners import make_runner
@@ -215,7 +217,7 @@ def tie_verdict(
             f"top-2 margin {margin:.3g} at |logit| {magnitude:.3g}{noise_text} ({verdict})"
         )
     worst = FAIL if FAIL in verdicts else TIE_FLIP
-    return worst, "; ".join(details) + f" [{SETTINGS.reason}]"
+    return worst, with_rule("; ".join(details), SETTINGS.reason)
 
 
 def judge_free_running(
@@ -225,13 +227,15 @@ def judge_free_running(
     steps, batch = reference.steps, reference.tokens.shape[0]
     diverged = first_divergence(reference.tokens, tokens)
     matched = steps if diverged is None else diverged
+    rule = ""  # a divergence is judged by the decode settings' tie rule, whose reason ends the detail
     if diverged is None:
         verdict, detail = PASS, f"all {steps} greedy tokens of {batch} row(s) equal the reference's"
     else:
         verdict, detail = tie_verdict(
             models.dtype, reference.step_logits, reference.tokens, tokens, diverged, reference.golden, step_logits
         )
-    matched_verdict = Verdict(verdict, "matched_steps", matched, steps, detail)
+        rule = SETTINGS.reason
+    matched_verdict = Verdict(verdict, "matched_steps", matched, steps, detail, better=better_of("matched_steps"), rule=rule)
 
     if matched == 0:
         return FreeRunning(matched_verdict, None, None, "step_logits")
@@ -357,10 +361,9 @@ def write_teacher_forced(report: Any, result: TeacherForced, *, case: str, mode:
                 value=getattr(bucket.measured, metric),
                 verdict=bucket.verdict.verdict,
                 detail=bucket.measured.name,
-                better="lower",
                 **where,
             )
-    report.verdict(result.compared, case=case, mode=mode, site="teacher_forced", better="equal")
+    report.verdict(result.compared, case=case, mode=mode, site="teacher_forced")
 
 
 # ---------------------------------------------------------------------------------------------

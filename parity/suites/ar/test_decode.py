@@ -13,8 +13,8 @@ serving engine captures it). Two metrics (`parity/suites/ar/decode.py`):
   tie flip at step 2-8 is common; this metric still judges the remaining steps.
 
 For the review page's decode view, info rows beside the gates: `tokens` (site `reference` and
-`target`: the free-running sequences) and `step_max_abs` (site `teacher_forced`: the step logits'
-largest difference per step).
+`target`: the free-running sequences, as ids in the row's data) and `step_max_abs` (site
+`teacher_forced`: the step logits' largest difference per step, in the row's data).
 
 One prompt's decode must cross from und into gen tokens, so decode routing keeps following token
 ids (the mask is re-derived every step).
@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from parity.compare import FAIL, PASS, TIE_FLIP, better_of, flag_rule
+from parity.compare import FAIL, PASS, TIE_FLIP, flag_rule
 from parity.suites.ar.decode import (
     ReferenceDecode,
     first_step_above_noise,
@@ -120,7 +120,7 @@ def test_greedy_decode_matches_reference(
             got = models.target.greedy_generate(prompt, case.steps, step_fn=step)
 
     judged = judge_free_running(models, reference, got.tokens, got.step_logits)
-    report.verdict(judged.matched, case=case.name, mode=mode, better="higher")
+    report.verdict(judged.matched, case=case.name, mode=mode)
     for side, sequence in (("reference", reference.tokens), ("target", got.tokens)):  # the page shows both
         report.info(
             case=case.name,
@@ -130,6 +130,7 @@ def test_greedy_decode_matches_reference(
             value=int(sequence.shape[1]),
             verdict=judged.matched.verdict,
             detail=token_text(sequence),
+            data={"tokens": sequence.tolist()},
         )
     if judged.logits is not None:
         report.verdict(judged.logits, case=case.name, mode=mode, site=judged.site)
@@ -142,7 +143,6 @@ def test_greedy_decode_matches_reference(
                 value=getattr(judged.measured, metric),
                 verdict=judged.logits.verdict,
                 detail=judged.measured.name,
-                better=better_of(metric),
             )
 
     if not judged.matched.ok or (judged.logits is not None and not judged.logits.ok):
@@ -205,5 +205,5 @@ def test_teacher_forced_decode_matches_reference(
             value=max(errors),
             verdict=next((v for v in (FAIL, TIE_FLIP) if v in bucket_verdicts), PASS),
             detail=step_errors_text(errors),
-            better="lower",
+            data={"steps": errors},
         )

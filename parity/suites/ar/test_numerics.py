@@ -17,7 +17,7 @@ import dataclasses
 import pytest
 import torch
 
-from parity.compare import EXACTLY, better_of, count_rule, diff, noise_floor_multiplier
+from parity.compare import EXACTLY, count_rule, diff, noise_floor_multiplier
 from parity.runners import make_runner
 from parity.suites.ar.localise import explain_forward
 from parity.suites.ar.support import PROMPTS, TOL, Prompt, ids_of, judge, moe_taps, skip_full_size_compile, vocab_gap_models
@@ -59,7 +59,6 @@ def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_m
                 metric=metric,
                 value=getattr(measured, metric),
                 verdict=verdict.verdict,
-                better=better_of(metric),
             )
         if first is None and not verdict.ok:
             first = f"{site} row {_worst_row(reference, candidate)} (largest |d| {measured.max_abs:.3g})"
@@ -70,7 +69,6 @@ def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_m
         site="logits",
         metric="argmax_agree",
         value=agree,
-        better="higher",
         detail="fraction of positions whose argmax token matches the reference's",
     )
     report.info(
