@@ -54,6 +54,7 @@ import pandas as pd
 
 from parity.compare import ERROR, FAIL, FIXED, MEASURED, SKIP, TIE_FLIP
 from parity.report.audit import audit_records, read_records
+from parity.report.quick import baseline_suffix, mismatch_note
 from parity.report.rows import (
     CASE_KEYS,
     COLUMNS,
@@ -247,7 +248,7 @@ def default_baseline_path(run_dir: str | Path, frame: pd.DataFrame, baseline_dir
 
 def _baseline_path(config: dict[str, str], info: dict[str, Any], key: str, baseline_dir: Path) -> Path:
     kind = device_kind(config["device"], str(info.get("device_name", "")))
-    suffix = "" if config["target"] == DEFAULT_TARGET else f"-{target_slug(key)}"
+    suffix = ("" if config["target"] == DEFAULT_TARGET else f"-{target_slug(key)}") + baseline_suffix(config["size"])
     return Path(baseline_dir).absolute() / f"{kind}-{config['dtype']}{suffix}.csv"
 
 
@@ -625,9 +626,11 @@ def compare_rows(
     if not current.empty:
         old_config, new_config = run_config(baseline, name or "baseline"), run_config(current, "run")
         if old_config != new_config:
+            quick = mismatch_note(old_config["size"], new_config["size"])  # never compared as if one (parity.report.quick)
             raise BaselineError(
                 f"baseline {name or ''} was made for {_config_text(old_config)}, this run is {_config_text(new_config)}: "
-                "pass --baseline for this configuration or write one with --write-baseline"
+                + (f"{quick}; " if quick else "")
+                + "pass --baseline for this configuration or write one with --write-baseline"
             )
         if baseline_kind and run_kind and baseline_kind != run_kind:
             raise BaselineError(

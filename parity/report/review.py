@@ -45,6 +45,7 @@ from parity.report.baseline import (
     target_name,
 )
 from parity.report.case_lines import SuiteLines, failing_case_lines, split_rule
+from parity.report.quick import quick_note
 from parity.report.rows import (
     COMPLETE,
     RESULTS_FILE,
@@ -191,7 +192,7 @@ def load_review(
         if candidate.exists():
             baseline, by_name = candidate, bool(target_name(info))
         else:
-            review.baseline_note = f"no baseline for this device kind, dtype and target at {candidate}"
+            review.baseline_note = f"no baseline for this device kind, dtype and target at {candidate}" + quick_note(frame)
     if baseline is not None:
         rows = load_rows(baseline, strict=True)
         misplaced = misplaced_family(rows, suite_families, str(baseline)) if suite_families else None
