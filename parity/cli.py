@@ -39,18 +39,10 @@ from parity.plugin.options import (
 from parity.plugin.ranks import launched_rank
 from parity.plugin.session import RunDirError, SignalWatch, claim_run_dir, probe_report_dir
 from parity.plugin.shards import parse_shard
-from parity.report import (
-    COMPLETE,
-    ReportError,
-    format_summary,
-    mutation_score,
-    new_run_id,
-    outcome,
-    read_results,
-    read_run_info,
-)
-from parity.report.baseline import target_name
+from parity.report import COMPLETE, ReportError, format_summary, mutation_score, new_run_id, outcome
 from parity.report.case_lines import failing_cases_text
+from parity.report.run_files import RunFiles
+from parity.report.run_info import target_name
 from parity.target import FAMILIES
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
@@ -264,7 +256,8 @@ def _add_inspect_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_review_parser(sub: argparse._SubParsersAction) -> None:
-    from parity.report.baseline import BASELINE_DIR, DEFAULT_MARGIN
+    from parity.report.baseline import BASELINE_DIR
+    from parity.report.comparison import DEFAULT_MARGIN
 
     review = sub.add_parser(
         "review",
@@ -509,7 +502,8 @@ def _after_pytest(args: argparse.Namespace, run_dir: Path, argv: list[str], code
     if not (run_dir / "results.csv").exists():
         print(f"parity run: no report rows were written (pytest exit code {code}); see the output above", file=sys.stderr)
         return code or 1
-    info = read_run_info(run_dir)
+    run = RunFiles.read(run_dir)  # read once: the summary, the scores and the review page share it
+    info = run.info
     if info.get("status") != COMPLETE:
         how = info.get("signal") or info.get("reason") or "no end recorded"
         covers = (
@@ -522,7 +516,7 @@ def _after_pytest(args: argparse.Namespace, run_dir: Path, argv: list[str], code
             "`parity review` will too",
             file=sys.stderr,
         )
-    result, rows = outcome(run_dir), read_results(run_dir)
+    result, rows = outcome(run), run.frame
     print("\nparity summary")
     print(format_summary(result.summary, rows))
     failing = failing_cases_text(rows, run_dir)  # one line per failing case, each rule once
@@ -539,7 +533,7 @@ def _after_pytest(args: argparse.Namespace, run_dir: Path, argv: list[str], code
         from parity.report.page import write_page
         from parity.report.review import load_review
 
-        print(f"review page: {write_page(load_review(run_dir, use_default_baseline=False))}")
+        print(f"review page: {write_page(load_review(run, use_default_baseline=False))}")
     except Exception as exc:  # a broken page must not hide the verdicts printed above, but must not pass
         print(f"parity run: could not write the review page: {type(exc).__name__}: {exc}", file=sys.stderr)
         return code or 1
@@ -575,9 +569,10 @@ def cmd_review(args: argparse.Namespace) -> int:
         if args.write_baseline:  # refused before anything is read or written (docs/reports.md §2)
             check_baseline_target(args.write_baseline)
         run_dir = args.run_dir or latest_run_dir(DEFAULT_REPORT_DIR)
+        run = RunFiles.read(run_dir)  # read once: the audit, the comparison, the text and the page share it
         try:
             review = load_review(
-                run_dir,
+                run,
                 baseline=args.baseline,
                 use_default_baseline=not args.no_baseline,
                 margin=args.margin,
@@ -588,7 +583,7 @@ def cmd_review(args: argparse.Namespace) -> int:
                 raise
             # Regenerating for a new configuration: there is nothing valid to compare with yet.
             print(f"parity review: not compared with the old baseline: {exc}")
-            review = load_review(run_dir, use_default_baseline=False)
+            review = load_review(run, use_default_baseline=False)
     except (OSError, ReportError, BaselineError, ValueError) as exc:
         print(f"parity review: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
@@ -620,7 +615,9 @@ def cmd_review(args: argparse.Namespace) -> int:
             first = review.disagreements[0].line()
             print(f"parity review: refusing to write a baseline from rows the audit contradicts ({first})", file=sys.stderr)
             return EXIT_FAILED
-        target = Path(args.write_baseline) if args.write_baseline else default_baseline_path(run_dir, review.frame)
+        target = (
+            Path(args.write_baseline) if args.write_baseline else default_baseline_path(run_dir, review.frame, info=review.info)
+        )
         try:
             written = write_baseline(review.frame, target, force=args.force)
         except (BaselineError, ValueError, OSError) as exc:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
-from parity.observe.progress import POLL_S, STALL_ENV, TargetClock, cpu_seconds, descendants, stall_limit
+from parity.observe.progress import POLL_S, STALL_ENV, TargetClock, cpu_seconds, descendants, seconds_setting, stall_limit
 from parity.target import (
     ENGINE_POLICIES,
     FAMILIES,
@@ -288,17 +288,7 @@ def announce(what: str) -> None:
 
 def check_timeout(given: float | None = None) -> float:
     """Seconds the check may take: `given`, else $PARITY_CHECK_TARGET_TIMEOUT, else 180."""
-    if given is None:
-        text = os.environ.get(TIMEOUT_ENV, "").strip()
-        if not text:
-            return DEFAULT_TIMEOUT_S
-        try:
-            given = float(text)
-        except ValueError:
-            raise ValueError(f"{TIMEOUT_ENV}={text!r}: expected a number of seconds") from None
-    if not given > 0 or given == float("inf"):
-        raise ValueError(f"check-target time-out {given!r}: expected a finite number of seconds > 0")
-    return float(given)
+    return seconds_setting(given, TIMEOUT_ENV, DEFAULT_TIMEOUT_S, "check-target time-out")
 
 
 @dataclasses.dataclass

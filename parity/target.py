@@ -302,14 +302,19 @@ FAMILIES: dict[str, Family] = {
 def family_gap(target: object, family: str) -> str | None:
     """Why `target` cannot run the suites of `family` (a skip reason naming the missing members),
     or None when it provides the family (or the family needs nothing of a target)."""
-    if family not in FAMILIES:
-        return None
-    record = FAMILIES[family]
-    missing = [name for name in record.members if not callable(getattr(target, name, None))]
+    missing = family_missing(target, family)
     if not missing:
         return None
     name = getattr(target, "name", type(target).__name__)
-    return f"target {name!r} provides no {record.what} (no {', '.join(missing)}): the {family} suites do not apply"
+    return f"target {name!r} provides no {FAMILIES[family].what} (no {', '.join(missing)}): the {family} suites do not apply"
+
+
+def family_missing(target: object, family: str) -> list[str]:
+    """The members of `family` that `target` lacks ([] when it provides the family, or for a key
+    that is not a family)."""
+    if family not in FAMILIES:
+        return []
+    return [name for name in FAMILIES[family].members if not callable(getattr(target, name, None))]
 
 
 # The report suite of the mutants planted in any target through the contract's surfaces

@@ -20,6 +20,7 @@ Non-finite values never raise: they give a `fail` verdict whose detail says "non
 """
 
 from parity.compare.diff import TensorDiff, TreeDiff, compare, diff, flatten, ulp_distance
+from parity.compare.metrics import DIRECTIONS, EQUAL, HIGHER, LOWER
 from parity.compare.rules import (
     AT_LEAST,
     AT_MOST,
@@ -42,14 +43,10 @@ from parity.compare.rules import (
 from parity.compare.verdict import (
     BOUND_KINDS,
     DIFF_METRIC_BETTER,
-    DIRECTIONS,
-    EQUAL,
     ERROR,
     EXACT,
     FAIL,
     FIXED,
-    HIGHER,
-    LOWER,
     MEASURED,
     NOT_APPLICABLE,
     PASS,
@@ -59,6 +56,7 @@ from parity.compare.verdict import (
     Tolerance,
     Verdict,
     better_of,
+    with_rule,
 )
 
 __all__ = [
@@ -79,6 +77,7 @@ __all__ = [
     "HIGHER",
     "LOWER",
     "better_of",
+    "with_rule",
     "ERROR",
     "EXACT",
     "FAIL",

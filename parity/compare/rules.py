@@ -38,19 +38,17 @@ from typing import Any, Final, Literal
 import torch
 
 from parity.compare.diff import diff
+from parity.compare.metrics import DIRECTIONS, EQUAL, HIGHER, LOWER
 from parity.compare.verdict import (
     BOUND_KINDS,
-    DIRECTIONS,
-    EQUAL,
     FAIL,
     FIXED,
-    HIGHER,
-    LOWER,
     MEASURED,
     PASS,
     TIE_FLIP,
     Tolerance,
     Verdict,
+    with_rule,
 )
 
 
@@ -170,16 +168,17 @@ def golden_noise_rule(
         f"{name}: rmse(golden,cand)={res_error:.3g} rmse(golden,eager)={ref_error:.3g} "
         f"ratio={ratio:.3g} threshold={multiplier:g}*{ref_error:.3g}+{floor:.3g} (rounding of the golden to {cand.dtype})"
     )
-    if reason:
-        summary += f" [{reason}]"
+    summary = with_rule(summary, reason)
     cand_nonfinite = int((~torch.isfinite(cand.detach().float())).sum())
     if cand_nonfinite:
         return Verdict(
-            FAIL, "rmse_vs_golden", res_error, threshold, f"non-finite: {cand_nonfinite} values; {summary}", MEASURED
+            FAIL, "rmse_vs_golden", res_error, threshold, f"non-finite: {cand_nonfinite} values; {summary}", MEASURED, rule=reason
         ), record
     if res_error <= threshold:
-        return Verdict(PASS, "rmse_vs_golden", res_error, threshold, f"within noise floor; {summary}", MEASURED), record
-    return Verdict(FAIL, "rmse_vs_golden", res_error, threshold, f"above noise floor; {summary}", MEASURED), record
+        return Verdict(
+            PASS, "rmse_vs_golden", res_error, threshold, f"within noise floor; {summary}", MEASURED, rule=reason
+        ), record
+    return Verdict(FAIL, "rmse_vs_golden", res_error, threshold, f"above noise floor; {summary}", MEASURED, rule=reason), record
 
 
 def dtype_spacing(value: torch.Tensor | float, dtype: torch.dtype) -> torch.Tensor:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from parity.compare.metrics import DIRECTIONS, LOWER, METRICS, metric
+
 # Verdict values of a report row (docs/reports.md §4). `not_applicable`: the check cannot apply to
 # this target or lane (the reason is in the detail); it is neither a pass nor a failure. `skip`: the
 # test did not run at all (pytest skipped it: another lane's mode, a family the target does not
@@ -29,29 +31,30 @@ BOUND_KINDS = (FIXED, MEASURED, "")
 # an error or a count of defects is better lower, a PSNR or a count of things that must happen
 # higher, a count held to an exact number equal. A rule sets it on its `Verdict` (parity.compare.rules:
 # an at-most bound is LOWER, at-least HIGHER, exactly / a flag / an equality EQUAL), so the row
-# writer never has to be told beside the rule.
-LOWER, HIGHER, EQUAL = "lower", "higher", "equal"
-DIRECTIONS = (LOWER, HIGHER, EQUAL)
-# The info metrics of a diff (parity.compare.diff.TensorDiff) and their directions: an info row has
-# no rule to carry one, so the writers of a diff's numbers read it here (`better_of`).
-DIFF_METRIC_BETTER = {
-    "max_abs": LOWER,
-    "mean_abs": LOWER,
-    "rel_l2": LOWER,
-    "max_ulp": LOWER,
-    "n_bad": LOWER,
-    "nonfinite_ref": LOWER,
-    "nonfinite_cand": LOWER,
-    "nonfinite_mismatch": LOWER,
-    "cosine": HIGHER,
-    "argmax_agree": HIGHER,
-    "topk_agree": HIGHER,
-}
+# writer never has to be told beside the rule. The directions, and each metric's own, live in the
+# metrics table (parity.compare.metrics).
+# The info metrics of a diff (parity.compare.diff.TensorDiff): an info row has no rule to carry a
+# direction, so the writers of a diff's numbers read the table's (`better_of`).
+DIFF_METRICS = (
+    "max_abs",
+    "mean_abs",
+    "rel_l2",
+    "max_ulp",
+    "n_bad",
+    "nonfinite_ref",
+    "nonfinite_cand",
+    "nonfinite_mismatch",
+    "cosine",
+    "argmax_agree",
+    "topk_agree",
+)
+DIFF_METRIC_BETTER = {name: METRICS[name].better for name in DIFF_METRICS}
 
 
-def better_of(metric: str) -> str:
-    """The direction of one of a diff's metrics (`DIFF_METRIC_BETTER`); KeyError for any other."""
-    return DIFF_METRIC_BETTER[metric]
+def better_of(name: str) -> str:
+    """The direction the metrics table gives `name` (parity.compare.metrics); KeyError for a metric
+    it does not know."""
+    return metric(name).better
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +76,11 @@ class Tolerance:
         return f"atol={self.atol:g} rtol={self.rtol:g} ({self.reason})"
 
 
+def with_rule(detail: str, rule: str) -> str:
+    """`detail` followed by a tolerance rule's reason in brackets (a `Verdict`'s `rule`)."""
+    return f"{detail} [{rule}]" if rule else detail
+
+
 EXACT = Tolerance(0.0, 0.0, "bitwise: both sides run the same ops on the same shapes")
 
 
@@ -87,6 +95,9 @@ class Verdict:
     detail: str = ""
     bound: str | None = None  # FIXED or MEASURED; None: FIXED when there is a threshold, else ''
     better: str = LOWER  # the direction of `value` (a rule sets it; an error, the default, is better lower)
+    # The stated reason of the tolerance rule that judged it, when the detail ends with it in brackets
+    # (`with_rule`): written as the row's data, so a reader never parses it back out of the detail.
+    rule: str = ""
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -97,6 +108,8 @@ class Verdict:
             raise ValueError(f"bound must be one of {BOUND_KINDS}, got {self.bound!r}")
         if self.better not in DIRECTIONS:
             raise ValueError(f"better must be one of {DIRECTIONS}, got {self.better!r}")
+        if self.rule and not self.detail.endswith(f" [{self.rule}]"):
+            raise ValueError(f"a verdict's rule ends its detail in brackets (with_rule): {self.detail[-80:]!r}")
 
     @property
     def ok(self) -> bool:

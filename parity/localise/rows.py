@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from parity.compare import FAIL, FIXED, LOWER, MEASURED, NOT_APPLICABLE, PASS
+from parity.compare import FAIL, FIXED, MEASURED, NOT_APPLICABLE, PASS
 from parity.localise.bisect import Bisection
 from parity.localise.chain import FAIL as DIVERGED
 from parity.localise.chain import PASS as WITHIN
@@ -33,6 +33,7 @@ def write_chain(report: Any, chain: Chain, *, case: str, mode: str, repro: str =
                 verdict=NOT_APPLICABLE,
                 site=stage.site,
                 detail=f"{stage.status}: {stage.detail}",
+                data={"status": stage.status},
                 **where,
             )
             continue
@@ -41,7 +42,6 @@ def write_chain(report: Any, chain: Chain, *, case: str, mode: str, repro: str =
             metric=EXACT_METRIC if exact else STAGE_METRIC,
             value=stage.value,
             threshold=stage.bound,
-            better=LOWER,
             bound=FIXED if exact else MEASURED,  # an exact stage's bound is 0; a float stage's, the reference's own error here
             verdict=PASS if stage.status == WITHIN else FAIL,
             site=stage.site,
@@ -49,13 +49,14 @@ def write_chain(report: Any, chain: Chain, *, case: str, mode: str, repro: str =
             **where,
         )
     blamed = chain.blamed
-    detail = chain.summary() + (f"; repro: {repro}" if repro else "")
+    summary = chain.summary()
     report.info(
         metric=BLAME_METRIC,
         value=0 if blamed is None else 1,
         verdict=FAIL if blamed is not None and blamed.status == DIVERGED else PASS,
         site="" if blamed is None else blamed.site,
-        detail=detail,
+        detail=summary + (f"; repro: {repro}" if repro else ""),
+        data={"summary": summary, "repro": repro},
         **where,
     )
 

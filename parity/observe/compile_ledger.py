@@ -43,6 +43,8 @@ import torch
 import torch._dynamo
 from torch import nn
 
+from parity.observe.compile_frames import decorated_function, frame_code, frame_source
+
 EventKind = Literal["compile", "recompile", "limit_hit", "failed", "skipped"]
 
 
@@ -79,7 +81,8 @@ def code_label(code: CodeType) -> str:
 
 
 def code_location(code: CodeType) -> str:
-    return f"{code.co_filename}:{code.co_firstlineno}"
+    """Where the code is defined; for parity's frame of a decorated function, where that function is."""
+    return frame_source(code) or f"{code.co_filename}:{code.co_firstlineno}"
 
 
 def short_reason(text: str) -> str:
@@ -97,7 +100,8 @@ def code_of(target: Any) -> CodeType:
     """The code object Dynamo compiles for `target` (function, bound method, module, code object).
 
     Compiled wrappers (`torch.compile(fn)`), partials, bound methods and call counters are
-    unwrapped; a module means its class's `forward`.
+    unwrapped; a module means its class's `forward`; a decorated function means the frame parity
+    compiles it through (`parity.observe.compile_frames`), never the decorator's shared wrapper.
     """
     seen = target
     for _ in range(16):
@@ -115,6 +119,8 @@ def code_of(target: Any) -> CodeType:
             target = type(target).forward
         elif inspect.ismethod(target):
             target = target.__func__
+        elif (decorated := decorated_function(target)) is not None:
+            return frame_code(decorated)
         elif hasattr(target, "__code__"):
             return target.__code__
         else:

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from parity.observe.compile_frames import own_frame
+
 
 def mark_input_dims_dynamic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Mark every dim of every tensor in `args` / `kwargs` (nested containers included) dynamic."""
@@ -57,9 +59,10 @@ def dynamic_compile(
     backend: str | Callable[..., Any],
 ) -> Callable[..., Any]:
     """`torch.compile(fn)` with parity's reading of `dynamic`: True marks the inputs' dims dynamic on
-    every call (above), None is Dynamo's automatic dynamic, False compiles one graph per shape."""
+    every call (above), None is Dynamo's automatic dynamic, False compiles one graph per shape. A
+    decorated `fn` is compiled through a frame of its own (`parity.observe.compile_frames`)."""
     backend = compile_backend(backend)
-    compiled = torch.compile(fn, dynamic=None if dynamic else dynamic, fullgraph=fullgraph, backend=backend)
+    compiled = torch.compile(own_frame(fn), dynamic=None if dynamic else dynamic, fullgraph=fullgraph, backend=backend)
     if not dynamic:
         return compiled
 

@@ -31,19 +31,25 @@ DEFAULT_STALL_S = 900.0
 POLL_S = 0.5  # how often watched paths are looked at
 
 
-def stall_limit(given: float | None = None) -> float:
-    """Seconds without progress after which a child is stopped: `given`, else $PARITY_STALL_S, else 900."""
+def seconds_setting(given: float | None, env: str, default: float, what: str) -> float:
+    """A positive, finite number of seconds: `given`, else $`env`, else `default`; `what` names
+    the setting in the error a bad value gets."""
     if given is None:
-        text = os.environ.get(STALL_ENV, "").strip()
+        text = os.environ.get(env, "").strip()
         if not text:
-            return DEFAULT_STALL_S
+            return default
         try:
             given = float(text)
         except ValueError:
-            raise ValueError(f"{STALL_ENV}={text!r}: expected a number of seconds") from None
+            raise ValueError(f"{env}={text!r}: expected a number of seconds") from None
     if not given > 0 or given == float("inf"):
-        raise ValueError(f"{STALL_ENV} {given!r}: expected a finite number of seconds > 0")
+        raise ValueError(f"{what} {given!r}: expected a finite number of seconds > 0")
     return float(given)
+
+
+def stall_limit(given: float | None = None) -> float:
+    """Seconds without progress after which a child is stopped: `given`, else $PARITY_STALL_S, else 900."""
+    return seconds_setting(given, STALL_ENV, DEFAULT_STALL_S, STALL_ENV)
 
 
 class Stalled(subprocess.TimeoutExpired):
@@ -142,12 +148,41 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+# How long `kill_tree` waits for a killed process to be gone. SIGKILL cannot be caught, but its
+# delivery and the exit that follows take scheduling time, seconds on a loaded machine; only a
+# process stuck in an uninterruptible wait (a dead network mount) outlasts this.
+KILL_WAIT_S = 60.0
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` still runs: not gone, and not a zombie (ended, waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        if os.path.isdir("/proc"):
+            return False  # no entry: gone
+        try:  # no /proc to ask (not Linux): whether the pid exists at all
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return state not in (b"Z", b"X")
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL `pid` and every process below it (the descendants listed first: once the parent is
-    gone they would be re-parented and no longer found)."""
-    for each in [*descendants(pid), pid]:
+    gone they would be re-parented and no longer found), and return once they have ended: a caller
+    that goes on (a test checking nothing was left behind) must not find one still exiting."""
+    killed = [*descendants(pid), pid]
+    for each in killed:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(each, signal.SIGKILL)
+    waited = time.monotonic() + KILL_WAIT_S
+    while any(running(each) for each in killed) and time.monotonic() < waited:
+        time.sleep(0.01)
 
 
 def run_watched(

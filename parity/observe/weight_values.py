@@ -41,10 +41,15 @@ def _segment(haystack: torch.Tensor, needle: torch.Tensor) -> bool:
 
 
 def holds(
-    parameter: torch.Tensor, tensor: torch.Tensor, rows: Callable[[torch.Tensor], set[bytes]] = _rows, *, shards: int = 1
+    parameter: torch.Tensor,
+    tensor: torch.Tensor,
+    rows: Callable[[bool], set[bytes]] | None = None,
+    *,
+    shards: int = 1,
 ) -> bool:
-    """Whether `parameter` holds `tensor`'s values in one of the forms a loader stores them
-    (`rows`: the row sets of a 2-D tensor, cached by a caller comparing many pairs). `shards`: the
+    """Whether `parameter` holds `tensor`'s values in one of the forms a loader stores them.
+    `rows(transposed)`: the parameter's row set (of its transpose when True), cached by a caller
+    comparing many pairs; it must answer for this parameter whatever its address. `shards`: the
     tensor-parallel size; a rank holds its part, at least 1/`shards` of the tensor's rows or
     columns (1-D: one of its `shards` equal pieces)."""
     p = parameter.detach().cpu()
@@ -55,11 +60,13 @@ def holds(
         return any(_segment(p, piece) for piece in (t.chunk(shards) if shards > 1 else (t,)))
     if p.dim() != 2 or t.dim() != 2:
         return p.numel() == t.numel() and torch.equal(p.reshape(-1), t.reshape(-1))
-    for a, b in ((p, t), (p.t(), t), (p, t.t()), (p.t(), t.t())):
+    parameter_rows = rows if rows is not None else (lambda transposed: _rows(p.t() if transposed else p))
+    for transposed, b in ((False, t), (True, t), (False, t.t()), (True, t.t())):
+        a = p.t() if transposed else p
         if a.shape[1] != b.shape[1]:
             continue
         wanted = _rows(b)
-        if len(wanted & rows(a)) >= max(len(wanted) // shards, 1):
+        if len(wanted & parameter_rows(transposed)) >= max(len(wanted) // shards, 1):
             return True
     return False
 
@@ -90,20 +97,19 @@ def placement(
     """Which parameter of `module` holds each checkpoint tensor, and which name-map pairs do not hold
     (`shards`: the tensor-parallel size, `module` being one rank's shard)."""
     params = dict(module.named_parameters(remove_duplicate=False))
-    cache: dict[tuple[int, tuple[int, ...], tuple[int, ...]], set[bytes]] = {}
-
-    def rows(t: torch.Tensor) -> set[bytes]:  # a parameter's (or its transpose's) rows, computed once
-        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
-        if key not in cache:
-            cache[key] = _rows(t)
-        return cache[key]
-
+    # Each parameter's rows, computed once and keyed by its name: never by the address of the host
+    # copy `holds` compares (a CUDA parameter's copy is a temporary, and the next parameter's copy
+    # of the same shape may be allocated at the same address: keyed by address, it would be judged
+    # by the rows of the parameter before it).
+    cache: dict[tuple[str, bool], set[bytes]] = {}
     held_by: dict[str, tuple[str, ...]] = {}
     values: dict[str, torch.Tensor] = {}
     for name, tensor in tensors:
         values[name] = tensor
         held_by[name] = tuple(
-            p for p, param in params.items() if _may_hold(param, tensor, shards) and holds(param, tensor, rows, shards=shards)
+            p
+            for p, param in params.items()
+            if _may_hold(param, tensor, shards) and holds(param, tensor, rows_by_name(cache, p, param), shards=shards)
         )
     misplaced = []
     for p in params:
@@ -111,6 +117,18 @@ def placement(
             if name in values and p not in held_by[name]:
                 misplaced.append((p, name))
     return Placement(held_by, tuple(misplaced))
+
+
+def rows_by_name(cache: dict[tuple[str, bool], set[bytes]], name: str, param: torch.Tensor) -> Callable[[bool], set[bytes]]:
+    """`holds`'s `rows` for parameter `name`: its host rows (of its transpose), computed once into `cache`."""
+
+    def rows(transposed: bool) -> set[bytes]:
+        if (name, transposed) not in cache:
+            host = param.detach().cpu()
+            cache[name, transposed] = _rows(host.t() if transposed else host)
+        return cache[name, transposed]
+
+    return rows
 
 
 def _may_hold(param: torch.Tensor, tensor: torch.Tensor, shards: int = 1) -> bool:

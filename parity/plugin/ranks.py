@@ -528,7 +528,7 @@ def configure(config: pytest.Config, world_size: int, device: str) -> RankGroup 
 def gate_verdicts(results: Path) -> list[list[str]]:
     """The gate rows' keys and verdicts of a rank's run (rank-0-only suites left out), as the
     peer hands them to rank 0: [suite, case, mode, site, metric, verdict] per row."""
-    from parity.report.rows import RESULTS_FILE, ReportError, read_results
+    from parity.report import RESULTS_FILE, ReportError, read_results
 
     if not (results / RESULTS_FILE).is_file():
         return []

@@ -6,13 +6,14 @@ test folders use the short names (`parity.plugin.short_names`)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from parity.compare import ERROR, FAIL, PASS, TensorDiff, TreeDiff, Verdict, better_of
+from parity.compare import ERROR, FAIL, PASS, TensorDiff, TreeDiff, Verdict
+from parity.compare.metrics import default_better
 from parity.observe.origin import error_line
 from parity.plugin.lanes import KEEP_COMPILE_CACHE, SUITE, is_parity_test, suite_of
 from parity.plugin.session import RunSession, session_target
@@ -57,9 +58,11 @@ class SuiteReport:
         better: str = "lower",
         suite: str | None = None,
         bound: str | None = None,
+        data: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Write one row now. `bound`: `measured` when `threshold` was derived from noise measured in
-        this run; by default a threshold is `fixed` (a policy)."""
+        this run; by default a threshold is `fixed` (a policy). `data`: what a reader needs as
+        numbers rather than prose (docs/reports.md §4: `parity.report.schema.DATA_KEYS`)."""
         if case is not None:
             self.case = case
         if mode is not None:
@@ -80,6 +83,7 @@ class SuiteReport:
                 "better": better,
                 "bound": bound,
                 "test": self.test,
+                "data": data,
             }
         )
         self.rows.append(row)
@@ -99,15 +103,16 @@ class SuiteReport:
             detail=verdict.detail,
             better=verdict.better if better is None else better,
             bound=verdict.bound,
+            data={"rule": verdict.rule} if verdict.rule else None,
             **where,
         )
         return verdict
 
     def info(self, *, metric: str, value: float | int | None, detail: str = "", verdict: str = PASS, **where: Any) -> None:
         """A number recorded beside a decision (it does not decide a case). No rule decided it, so
-        its direction is stated here: `better=` where it carries information (a diff's metrics:
-        `parity.compare.better_of`), else empty."""
-        where.setdefault("better", "")
+        its direction is the metrics table's (`parity.compare.metrics`; '' for a metric without one
+        or one the table does not know); `better=` overrides it."""
+        where.setdefault("better", default_better(metric))
         self.record(metric=metric, value=value, verdict=verdict, detail=detail, kind="info", **where)
 
     def diff(
@@ -128,9 +133,7 @@ class SuiteReport:
             for metric in info:
                 value = getattr(leaf, metric)
                 if value is not None:
-                    self.info(
-                        metric=metric, value=value, verdict=verdict.verdict, detail=leaf.name, better=better_of(metric), **where
-                    )
+                    self.info(metric=metric, value=value, verdict=verdict.verdict, detail=leaf.name, **where)
         return verdict
 
     @contextlib.contextmanager
@@ -156,7 +159,7 @@ class SuiteReport:
         paragraph once, after them (docs/reports.md §5)."""
         lines, rules = [], []
         for r in self.failures:
-            text, rule = split_rule(str(r["detail"]))
+            text, rule = split_rule(str(r["detail"]), r.get("data"))
             if rule and rule not in rules:
                 rules.append(rule)
             at = f" @{r['site']}" if r.get("site") else ""

@@ -46,7 +46,6 @@ from parity.report import (
     write_run_info,
 )
 from parity.report.quick import quick_size
-from parity.report.rows import INCOMPLETE
 from parity.report.rundir import (
     OWNER_FILE,
     RunClaim,
@@ -56,6 +55,7 @@ from parity.report.rundir import (
     process_alive,
     read_owner,
 )
+from parity.report.schema import INCOMPLETE
 from parity.target import PLANTED_SUITE, Target, TargetError, factory_path, resolve_target
 
 DEFAULT_REPORT_DIR = Path("reports") / "runs"  # relative to the directory pytest was started in

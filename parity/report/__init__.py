@@ -1,10 +1,24 @@
-"""Recording and reviewing a run: rows (`rows`), baselines (`baseline`), the text review (`review`)
-and the HTML page (`page`, `plots`).
+"""Recording and reviewing a run. By job, leaves first: the files' shape (`schema`), run.json
+(`run_info`), writing and reading rows (`rows`), a run read once (`run_files`), the summary and the
+mutation score (`summary`, `mutation`), the audit (`audit`), baselines and the comparison with one
+(`baseline`, `comparison`), the text review (`review`) and the HTML page (`html` helpers, `sections`
+and `views` as data, `page` rendering the templates, `plots`).
 
 The row API is re-exported here because suites and the plugin write rows through it.
 """
 
-from parity.report.rows import (
+from parity.report.mutation import MutationScore, mutation_score
+from parity.report.rows import ReportWriter, ResultsCheck, check_results, read_results
+from parity.report.run_info import (
+    add_suite_seconds,
+    make_run_dir,
+    new_run_id,
+    now_text,
+    read_run_info,
+    update_run_info,
+    write_run_info,
+)
+from parity.report.schema import (
     BETTER,
     CASE_KEYS,
     COLUMNS,
@@ -18,27 +32,16 @@ from parity.report.rows import (
     RUN_INFO_FILE,
     RUN_STATUSES,
     RUNNING,
-    SUMMARY_COLUMNS,
-    MutationScore,
     ReportError,
-    ReportWriter,
-    ResultsCheck,
+)
+from parity.report.summary import (
+    SUMMARY_COLUMNS,
     RunOutcome,
-    add_suite_seconds,
     case_verdicts,
-    check_results,
     format_summary,
-    make_run_dir,
-    mutation_score,
-    new_run_id,
     not_provided_lines,
-    now_text,
     outcome,
-    read_results,
-    read_run_info,
     summarize,
-    update_run_info,
-    write_run_info,
 )
 
 __all__ = [

@@ -19,10 +19,7 @@ Every problem names the file, the line and the row (suite/case/mode/site/metric)
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import gzip
-import io
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,7 +29,9 @@ from typing import Any
 import pandas as pd
 
 from parity.compare import BOUND_KINDS, ERROR, FAIL, MEASURED, NOT_APPLICABLE, PASS, SKIP, TIE_FLIP, VERDICTS
-from parity.report.rows import BETTER, KINDS, RESULTS_FILE, RUN_INFO_FILE, ReportError
+from parity.compare.metrics import DECISION_METRICS
+from parity.report.rows import Records, read_records
+from parity.report.schema import BETTER, KINDS, RUN_INFO_FILE, row_data
 
 # What a number looks like as the writer writes it (repr of a float or an int, `nan`, `inf`).
 # Stricter than float() on purpose: `1_000` or ` 1` are not what a parity writer writes.
@@ -47,10 +46,9 @@ PROVENANCE = {
     "torch_version": "torch",
     "tp": "tp",  # a tensor-parallel run's size (docs/targets.md §11): rows of two sizes are two runs
 }
-# The metrics whose gate row decides a discrete choice the dtype's noise can flip: a greedy token
-# (decode's `matched_steps`) and a router's expert ids (`ids_mismatch`). docs/tolerances.md §3:
-# only these can be a `tie_flip`; on any other row the verdict would excuse a plain failure.
-DECISION_METRICS = ("matched_steps", "ids_mismatch")
+# The metrics whose gate row decides a discrete choice the dtype's noise can flip (the metrics
+# table's `decision`, parity.compare.metrics: a greedy token's `matched_steps`, a router's
+# `ids_mismatch`). docs/tolerances.md §3: only these can be a `tie_flip`.
 # noise_floor_rule passes a candidate allclose to the eager reference before its RMSE test, and
 # says so in the detail: the one pass whose row's value may exceed its threshold (docs/tolerances.md §2).
 PRECHECK_PASS = "allclose to eager"
@@ -96,51 +94,6 @@ def shown_lines(problems: Sequence[Problem], limit: int = SHOWN) -> list[str]:
     if len(problems) > limit:
         lines.append(f"... {len(problems) - limit} more")
     return lines
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading records as text
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Records:
-    """A results file's header and records, as text, each with the line it starts on (1-based)."""
-
-    path: Path
-    header: list[str]
-    whole: list[tuple[int, dict[str, str]]]
-    torn: list[int]  # lines where a record cut short starts (left out of `whole`)
-
-
-def read_records(source: str | Path) -> Records:
-    """The records of a results or baseline CSV (a run directory means its results.csv), as text.
-
-    A record with another number of fields than the header, or a last line without its newline,
-    is cut short (as `parity.report.rows.check_results` says): listed in `torn`, never read."""
-    path = Path(source)
-    if path.is_dir():
-        path = path / RESULTS_FILE
-    raw = path.read_bytes()
-    if path.suffix == ".gz":
-        raw = gzip.decompress(raw)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ReportError(f"{path}: not UTF-8 text (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})") from None
-    lines = text.splitlines(keepends=True)
-    reader = csv.reader(io.StringIO(text))
-    header = next(reader, [])
-    whole, torn = [], []
-    start = reader.line_num
-    for record in reader:
-        end = reader.line_num
-        if len(record) != len(header) or (end == len(lines) and not lines[-1].endswith(("\n", "\r"))):
-            torn.append(start + 1)
-        else:
-            whole.append((start + 1, dict(zip(header, record, strict=True))))
-        start = end
-    return Records(path, header, whole, torn)
 
 
 def _number(text: str) -> float | None:
@@ -189,6 +142,10 @@ def row_problem(record: Mapping[str, str], header: Sequence[str]) -> str | None:
             _number(record.get(column, ""))
         except ValueError:
             return f"{column} {record[column]!r} is not a number"
+    try:
+        row_data(record.get("data", ""))
+    except ValueError as exc:
+        return f"data {record['data'][:80]!r} is not a JSON object ({exc}; docs/reports.md §4)"
     return None
 
 

@@ -7,7 +7,8 @@ row that failed first in layer order with its value and bound, and the repro to 
 divergence first). An error is `case/mode: error — <its one-line cause, with the target's file:line>`.
 
 A suite's rows carry their tolerance rule's reason at the end of their detail, in brackets (the
-numerics suites' golden noise-floor paragraph, ~600 characters). Printed once per row it buried the
+numerics suites' golden noise-floor paragraph, ~600 characters), and in their data (`rule`), where
+it is read from. Printed once per row it buried the
 lines; here each distinct rule of a suite is numbered and printed once, after the suite's lines,
 and a line refers to it by number (`rule 1`). `parity review`, the terminal summary of a run and
 the review page show the same lines (docs/reports.md §8).
@@ -18,22 +19,35 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from parity.compare import ERROR, FAIL
-from parity.report.chains import localised_cases, site_group
+from parity.report.chains import localised_cases, repro_file, site_group
+from parity.report.html import render
+from parity.report.schema import row_data
 
 LINE_CHARS = 200  # a line before its repro path (the issue's reading budget: one screen line and a half)
-_RULE = re.compile(r"\s*\[(?P<rule>[^\[\]]{60,})\]\s*$")  # a detail's trailing "[reason]" paragraph
 _RELATION = {"higher": "≥ ", "lower": "≤ ", "equal": "= "}
 
 
-def split_rule(detail: str) -> tuple[str, str]:
-    """(the detail without its trailing rule paragraph, the paragraph or '')."""
-    match = _RULE.search(detail or "")
-    return (detail[: match.start()], match["rule"].strip()) if match else (detail or "", "")
+def split_rule(detail: str, data: object = None) -> tuple[str, str]:
+    """(the detail without its trailing rule paragraph, the paragraph or ''): the rule is the row's
+    data (`rule`, written from `Verdict.rule`), never parsed back out of the detail."""
+    detail = detail or ""
+    rule = str(data.get("rule", "")) if isinstance(data, Mapping) else str(row_data(data).get("rule", ""))
+    suffix = f" [{rule}]"
+    if not rule or not detail.endswith(suffix):
+        return detail, ""
+    return detail.removesuffix(suffix), rule
+
+
+def row_rule(row: Mapping[str, Any] | pd.Series) -> tuple[str, str]:
+    """`split_rule` of a row: its detail and its data."""
+    return split_rule(str(row["detail"]), row.get("data"))
 
 
 def _number(value: float) -> str:
@@ -61,13 +75,13 @@ class CaseLine:
         """The line; the repro path after the first `limit` characters (absolute under `run_dir`)."""
         head = f"{self.case}/{self.mode}: "
         if self.row["verdict"] == ERROR:
-            head += f"error — {self.row['metric']}: {split_rule(str(self.row['detail']))[0]}"
+            head += f"error — {self.row['metric']}: {row_rule(self.row)[0]}"
         else:
             relation = _RELATION.get(str(self.row.get("better", "")), "")
             bound = f"bound {relation}{_number(self.row['threshold'])}" if not pd.isna(self.row["threshold"]) else "no bound"
             bound += f", rule {self.rule}" if self.rule is not None else ""
             head += f"{self.where} — {self.row['metric']} {_number(self.row['value'])} ({bound})"
-            short = split_rule(str(self.row["detail"]))[0]
+            short = row_rule(self.row)[0]
             if self.where.startswith("@") and short:  # not localised: the row's own words say what differs
                 head += f": {short}"
         head = _cut(head.replace("\n", " | "), limit)
@@ -112,7 +126,7 @@ def failing_case_lines(frame: pd.DataFrame) -> dict[str, SuiteLines]:
         rows = rows.sort_index(kind="stable")
         errors = rows[rows["verdict"] == ERROR]
         row = errors.iloc[0] if not errors.empty else rows.iloc[0]
-        rule_text = split_rule(str(row["detail"]))[1]
+        rule_text = row_rule(row)[1]
         rule = None
         if rule_text:
             if rule_text not in suite_lines.rules:
@@ -154,38 +168,39 @@ def failing_cases_text(frame: pd.DataFrame, run_dir: Path | None = None, *, limi
     return "\n".join(out)
 
 
-def html_block(frame: pd.DataFrame, run_dir: Path) -> str:
-    """The review page's failing cases: a suite's lines (each repro linked when the file is inside
-    the run directory) and its rules, each with an anchor the failing rows' details point to."""
-    from html import escape
-
-    from parity.report.chains import repro_file
-
+def page_lines(frame: pd.DataFrame, run_dir: Path) -> list[dict[str, Any]]:
+    """The review page's failing cases as data (the template `case_lines.html.j2` draws them): per
+    suite its lines, each split around its rule's number (linked to the rule) with its repro
+    (linked when the file is inside the run directory), and its rules with their anchors."""
     out = []
     for suite, suite_lines in failing_case_lines(frame).items():
-        out.append(f"<h4>{escape(suite)}: {len(suite_lines.lines)} failing case(s)</h4>")
-        items = []
+        lines = []
         for line in suite_lines.lines:
             text = line.text(None)
             head = text.rsplit(" — ", 1)[0] if line.repro else text
-            if line.rule is not None:
-                head_html = escape(head).replace(
-                    escape(f"rule {line.rule}"), f'<a href="#{rule_anchor(suite, line.rule)}">rule {line.rule}</a>', 1
-                )
-            else:
-                head_html = escape(head)
-            link = ""
-            if line.repro:
-                target = repro_file(run_dir, line.repro)
-                link = f' — <a href="{escape(line.repro)}">{escape(line.repro)}</a>' if target else f" — {escape(line.repro)}"
-            items.append(f"<li>{head_html}{link}</li>")
-        out.append(f'<ul class="case-lines">{"".join(items)}</ul>')
-        if suite_lines.rules:
-            rules = "".join(
-                f'<li id="{rule_anchor(suite, i)}">{escape(rule)}</li>' for i, rule in enumerate(suite_lines.rules, start=1)
+            before, after, rule = head, "", None
+            mark = f"rule {line.rule}"
+            if line.rule is not None and mark in head:
+                at = head.index(mark)
+                before, after, rule = head[:at], head[at + len(mark) :], line.rule
+            lines.append(
+                {
+                    "before": before,
+                    "rule": rule,
+                    "rule_anchor": rule_anchor(suite, rule) if rule is not None else "",
+                    "after": after,
+                    "repro": line.repro,
+                    "linked": bool(line.repro) and repro_file(run_dir, line.repro) is not None,
+                }
             )
-            out.append(f'<p>{escape(suite)}: the tolerance rules its lines name</p><ol class="rules">{rules}</ol>')
-    return "\n".join(out)
+        rules = [(rule_anchor(suite, i), rule) for i, rule in enumerate(suite_lines.rules, start=1)]
+        out.append({"suite": suite, "count": len(suite_lines.lines), "lines": lines, "rules": rules})
+    return out
+
+
+def html_block(frame: pd.DataFrame, run_dir: Path) -> str:
+    """The review page's failing cases (`page_lines`) as HTML."""
+    return render("case_lines.html.j2", suites=page_lines(frame, run_dir))
 
 
 def rule_anchor(suite: str, number: int) -> str:
@@ -200,7 +215,7 @@ def without_rules(rows: pd.DataFrame) -> pd.DataFrame:
     numbering = {suite: list(lines.rules) for suite, lines in failing_case_lines(rows).items()}
 
     def short(row: pd.Series) -> str:
-        text, rule = split_rule(str(row["detail"]))
+        text, rule = row_rule(row)
         if not rule:
             return str(row["detail"])
         rules = numbering.setdefault(str(row["suite"]), [])

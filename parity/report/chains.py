@@ -2,9 +2,9 @@
 
 When a gate row of a case fails, the suite re-runs the case with stage taps and writes, under the
 same (suite, case, mode), one info row per stage of its family in execution order (its RMSE
-against the fp64 golden and its noise-derived bound, or why it was not judged), one
-`first_diverging_stage` row naming the stage blamed (its detail ends with `; repro: <path>`, the
-repro's path inside the run directory, when one was written) and, when only the compiled target
+against the fp64 golden and its noise-derived bound, or why it was not judged: the row's data,
+`status`), one `first_diverging_stage` row naming the stage blamed (its data: the chain's
+`summary` and the `repro`'s path inside the run directory, '' when none was written) and, when only the compiled target
 diverged, a `compile_only_piece` row naming the smallest compiled module that differs from itself
 run eagerly (docs/localise.md). The review prints the blamed stage beside a failing case's line;
 the page draws each chain.
@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 import pandas as pd
 
 from parity.compare import FAIL, NOT_APPLICABLE, PASS
+from parity.report.schema import row_data
 
 STAGE_METRIC = "stage_rmse_vs_golden"  # a float stage: RMSE vs the fp64 golden, bound from the noise floor
 EXACT_METRIC = "stage_mismatches"  # an exact stage (ids, masks): entries differing from the reference, bound 0
@@ -31,7 +32,6 @@ PIECE_METRIC = "compile_only_piece"
 STAGE_METRICS = (STAGE_METRIC, EXACT_METRIC)
 LOCALISE_METRICS = (*STAGE_METRICS, BLAME_METRIC, PIECE_METRIC)
 
-_REPRO = re.compile(r"; repro: (?P<path>\S+)\s*$")
 # A per-layer (per-block) site: `layer.3.q_rope` is in group `layer.3`; `embed`, `lm_head` are in none.
 _GROUP = re.compile(r"^(?P<group>[A-Za-z_]+\.\d+)\.")
 # A stage not judged: its detail starts with why (parity.localise.chain's NOT_* statuses).
@@ -58,19 +58,17 @@ def site_group(site: str) -> str:
 def stage_status(row: pd.Series, blamed: str = "") -> str:
     """How a stage row reads: within bound, diverged, first diverging, or why it was not judged."""
     if row["verdict"] == NOT_APPLICABLE:
-        reason = str(row["detail"]).split(":", 1)[0]
-        return _NOT_JUDGED.get(reason, "not judged")
+        return _NOT_JUDGED.get(str(row_data(row["data"]).get("status", "")), "not judged")
     if row["verdict"] == PASS:
         return WITHIN
     return BLAMED if blamed and row["site"] == blamed else DIVERGED
 
 
 def stage_what(row: pd.Series) -> str:
-    """What the stage is (its detail, the reason's tag cut off for a stage not judged)."""
+    """What the stage is (its detail, without the `status: ` a stage not judged starts with)."""
     detail = str(row["detail"])
-    if row["verdict"] == NOT_APPLICABLE and ":" in detail:
-        return detail.split(":", 1)[1].strip()
-    return detail
+    status = row_data(row["data"]).get("status") if row["verdict"] == NOT_APPLICABLE else None
+    return detail.removeprefix(f"{status}: ") if status else detail
 
 
 def share_of_bound(value: float, bound: float) -> float:
@@ -98,16 +96,15 @@ class StageChain:
 
     @property
     def summary(self) -> str:
-        """The blame row's one-line summary, without its repro path."""
+        """The blame row's one-line summary, without its repro path (its data's `summary`)."""
         if self.blame is None:
             return "no first_diverging_stage row: the localisation did not finish"
-        return _REPRO.sub("", str(self.blame["detail"]))
+        return str(row_data(self.blame["data"]).get("summary", self.blame["detail"]))
 
     @property
     def repro(self) -> str:
-        """The repro's path relative to the run directory, as the blame row gives it ('' when none)."""
-        match = _REPRO.search(str(self.blame["detail"])) if self.blame is not None else None
-        return match["path"] if match else ""
+        """The repro's path relative to the run directory, as the blame row's data gives it ('' when none)."""
+        return str(row_data(self.blame["data"]).get("repro", "")) if self.blame is not None else ""
 
     def focus(self) -> str:
         """The stage the chain's table opens up: the blamed one, else the first that diverged."""

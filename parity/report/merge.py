@@ -21,18 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from parity.report.audit import read_records
-from parity.report.rows import (
-    COLUMNS,
-    COMPLETE,
-    RESULTS_FILE,
-    RUN_INFO_FILE,
-    ReportError,
-    now_text,
-    read_run_info,
-    write_run_info,
-)
+from parity.report.run_files import RunFiles, completeness
+from parity.report.run_info import now_text, write_run_info
 from parity.report.rundir import OWNER_FILE, atomic_write, refuse_link
+from parity.report.schema import COLUMNS, COMPLETE, RESULTS_FILE, RUN_INFO_FILE, ReportError
 
 # What every shard of one run shares, as run.json spells it (the tree and the target are checked apart).
 SAME_KEYS = ("device", "size", "dtype", "seed", "tp", "checkpoint_layout", "torch")
@@ -66,20 +58,19 @@ class ShardRun:
 
 
 def _read(run_dir: Path) -> ShardRun:
-    """A shard's run, or a MergeError line saying why it is not one."""
-    from parity.report.review import completeness
-
+    """A shard's run (read once: `RunFiles`), or a MergeError line saying why it is not one."""
     refuse_link(run_dir, "a shard's run directory")
     if not (run_dir / RESULTS_FILE).is_file() or not (run_dir / RUN_INFO_FILE).is_file():
         raise MergeError([f"{run_dir}: not a run directory (no {RESULTS_FILE} or no {RUN_INFO_FILE})"])
-    info = read_run_info(run_dir)
+    files = RunFiles.read(run_dir)
+    info = files.info
     if not isinstance(info.get("shard"), dict):
         raise MergeError([f"{run_dir}: not a shard (run.json has no 'shard'): run each part with --shard K/N"])
-    records = read_records(run_dir)
+    records = files.records
     if records.header != list(COLUMNS):
         raise MergeError([f"{run_dir / RESULTS_FILE}: columns {records.header} are not this parity's ({', '.join(COLUMNS)})"])
     run = ShardRun(run_dir, info, records.header, [record for _, record in records.whole])
-    problems = completeness(run_dir, info)
+    problems = completeness(files)
     if problems:
         raise MergeError([f"{run.name} is not a whole run: {problems[0]} (run it again with --append --run-id {run_dir.name})"])
     return run

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import socket
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,37 +25,32 @@ from typing import Any
 import pandas as pd
 
 from parity.compare import ERROR, FAIL, NOT_APPLICABLE, PASS, SKIP, TIE_FLIP
-from parity.report.audit import Audit, Problem, audit_file, rule_changes, shown_lines
+from parity.report.audit import Audit, Problem, audit_records, rule_changes, shown_lines
 from parity.report.baseline import (
     BASELINE_DIR,
-    DEFAULT_MARGIN,
-    ROW_KEYS,
     BaselineError,
+    default_baseline_path,
+    device_kind,
+    load_rows,
+    misplaced_family,
+    row_location,
+    run_config,
+    source_device_kind,
+)
+from parity.report.case_lines import SuiteLines, failing_case_lines, row_rule
+from parity.report.comparison import (
+    DEFAULT_MARGIN,
+    INFO_LIST_FACTOR,
     Comparison,
     allowance_used,
     compare_rows,
-    default_baseline_path,
-    device_kind,
-    format_comparison,
-    load_rows,
-    misplaced_family,
-    run_config,
-    source_device_kind,
-    target_name,
+    fmt_value,
 )
-from parity.report.case_lines import SuiteLines, failing_case_lines, split_rule
 from parity.report.quick import quick_note
-from parity.report.rows import (
-    COMPLETE,
-    RESULTS_FILE,
-    RUN_INFO_FILE,
-    RUNNING,
-    check_results,
-    format_summary,
-    read_run_info,
-    summarize,
-)
-from parity.report.rundir import Owner, owner_alive, process_alive, read_owner, refuse_link
+from parity.report.run_files import RunFiles, completeness
+from parity.report.run_info import target_name
+from parity.report.schema import RESULTS_FILE, ROW_KEYS
+from parity.report.summary import format_summary, summarize
 
 # 3: the run did not complete (or its file is torn); `--allow-incomplete` reviews its rows anyway.
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INCOMPLETE = 0, 1, 2, 3
@@ -163,7 +157,7 @@ class Review:
 
 
 def load_review(
-    run_dir: str | Path,
+    run: str | Path | RunFiles,
     *,
     baseline: str | Path | None = None,
     use_default_baseline: bool = True,
@@ -171,24 +165,20 @@ def load_review(
     baseline_dir: Path = BASELINE_DIR,
     suite_families: Mapping[str, Collection[str]] | None = None,
 ) -> Review:
-    """Read `run_dir` and compare it with `baseline` (a run directory or CSV) or, when none is given
-    and `use_default_baseline`, with `baseline_dir/<device kind>-<dtype>.csv` if that exists (another
-    target's `<device kind>-<dtype>-<name>.csv`: docs/reports.md "Migrating"). `suite_families` (`parity.target.suite_families`): a baseline
+    """Review a run (a run directory is read once here, `RunFiles`) and compare it with `baseline`
+    (a run directory or CSV) or, when none is given and `use_default_baseline`, with
+    `baseline_dir/<device kind>-<dtype>.csv` if that exists (another target's `<device kind>-<dtype>-<name>.csv`:
+    docs/reports.md "Migrating"). `suite_families` (`parity.target.suite_families`): a baseline
     row whose family column its suite cannot have is a `BaselineError` (`misplaced_family`)."""
-    run_dir = Path(run_dir)
-    refuse_link(run_dir, "the run directory")
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (a directory holding {RESULTS_FILE})")
-    refuse_link(run_dir / RESULTS_FILE, RESULTS_FILE)
-    frame = load_rows(run_dir)
-    info = read_run_info(run_dir)
-    review = Review(run_dir=run_dir, frame=frame, info=info, incomplete=completeness(run_dir, info))
-    review.audit = audit_file(run_dir, info)
+    files = run if isinstance(run, RunFiles) else RunFiles.read(run)
+    run_dir, frame, info = files.run_dir, files.frame, files.info
+    review = Review(run_dir=run_dir, frame=frame, info=info, incomplete=completeness(files))
+    review.audit = audit_records(files.records, info)
     if review.unusable:
         return review  # not one run's parity rows: nothing below would mean anything
     by_name = False  # the baseline was found by the target's declared name (docs/reports.md "Migrating")
     if baseline is None and use_default_baseline and not frame.empty:
-        candidate = default_baseline_path(run_dir, frame, baseline_dir)
+        candidate = default_baseline_path(run_dir, frame, baseline_dir, info=info)
         if candidate.exists():
             baseline, by_name = candidate, bool(target_name(info))
         else:
@@ -227,59 +217,6 @@ def _same_target_renamed(rows: pd.DataFrame, frame: pd.DataFrame, review: Review
     return rows.assign(target=spec)
 
 
-_process_alive = process_alive  # the run.json check, where no claim file says more
-
-
-def status_problem(info: dict[str, Any], what: str = "the run", claim: bool | None = None) -> str | None:
-    """One line saying why `info` (a run.json, or one of its earlier sessions) is not a complete
-    run, or None when it is. `claim`: whether the run directory's owner still holds its claim
-    (`parity.report.rundir.owner_alive`; None: no claim file), which outranks the process id."""
-    status = info.get("status")
-    if status == COMPLETE:
-        return None
-    if status is None:
-        return f"{RUN_INFO_FILE} records no status: whether {what} completed is unknown"
-    if status == RUNNING:
-        alive = _process_alive(info.get("pid"), info.get("host")) if claim is None else claim
-        where = f"process {info.get('pid')} on {info.get('host')}"
-        if alive:
-            return f"{what} is still running ({where})"
-        if alive is False:
-            return (
-                f"{what} says running but {where} is gone: it ended without recording its end (killed, or the machine went down)"
-            )
-        return f"{what} says running ({where}: cannot be checked from here whether it still runs)"
-    how = info.get("signal") or info.get("reason") or "no reason recorded"
-    return f"{what} was {status} ({how})"
-
-
-def claimed_elsewhere(owner: Owner | None, info: dict[str, Any]) -> bool:
-    """Whether a free lock here says nothing of the run's process: its owner record or its
-    run.json names another host (a copied run directory, an owner file copied along with it), and
-    a process there cannot be checked from here (docs/reports.md §2)."""
-    here = socket.gethostname()
-    return (owner is not None and owner.host != here) or info.get("host") not in (None, here)
-
-
-def completeness(run_dir: Path, info: dict[str, Any]) -> list[str]:
-    """Every reason the run in `run_dir` is not whole: its status, its earlier (appended) sessions,
-    a missing run.json, torn records of results.csv. Empty: complete."""
-    problems = []
-    if not (run_dir / RUN_INFO_FILE).is_file():
-        problems.append(f"no {RUN_INFO_FILE}: whether the run completed is unknown")
-    else:
-        claim = owner_alive(run_dir) if info.get("status") == RUNNING else None
-        if claim is False and claimed_elsewhere(read_owner(run_dir), info):
-            claim = None
-        problems += filter(None, [status_problem(info, claim=claim)])
-        for n, earlier in enumerate(info.get("previous_sessions", []), start=1):
-            if earlier.get("resumed"):  # the next session, started the same way, ran its missing tests (parity.plugin.resume)
-                continue
-            problems += filter(None, [status_problem(earlier, f"earlier session {n} of this run (appended to)")])
-    problems += check_results(run_dir).problems()
-    return problems
-
-
 # Rows that differ only in their mode are one line of the review: one defect seen in every mode.
 GROUP_KEYS = ("suite", "case", "site", "metric", "verdict")
 
@@ -310,7 +247,7 @@ def _group_line(group: pd.DataFrame, *, rules: list[str] | None = None) -> str:
     if value and len(group) > 1:
         value = f"worst {value}"
     bound = "no bound" if pd.isna(worst["threshold"]) else f"bound {worst['threshold']:.4g}, {worst['better'] or 'n/a'} is better"
-    text, rule = split_rule(str(worst["detail"]))
+    text, rule = row_rule(worst)
     if rule and rules is not None:
         if rule not in rules:
             rules.append(rule)
@@ -393,3 +330,51 @@ def latest_run_dir(report_dir: Path) -> Path:
     if not runs:
         raise FileNotFoundError(f"no run directories with {RESULTS_FILE} under {report_dir}")
     return max(runs, key=lambda p: (p / RESULTS_FILE).stat().st_mtime)
+
+
+def format_comparison(comparison: Comparison, *, limit: int = 20) -> str:
+    """The comparison as terminal text: regressions, improvements, new and vanished cases, moves."""
+    compared = f" of {comparison.config}" if comparison.config else ""
+    lines = [
+        f"baseline {comparison.baseline}: {comparison.matched} rows{compared} matched, margin {comparison.margin:.0%} of the bound"
+    ]
+    if comparison.suites_not_run:
+        lines.append(f"  not compared (no rows in this run): {', '.join(comparison.suites_not_run)}")
+    for why, count in comparison.not_compared.items():
+        lines.append(f"  not compared ({count} baseline rows): {why}")
+    for title, frame in (
+        ("regressions", comparison.regressions),
+        ("improvements", comparison.improvements),
+    ):
+        lines.append(f"  {title}: {len(frame)}")
+        lines += [f"    {_row_text(r)}" for _, r in frame.head(limit).iterrows()]
+        if len(frame) > limit:
+            lines.append(f"    ... {len(frame) - limit} more")
+    for title, cases in (("new cases", comparison.new_cases()), ("vanished cases", comparison.vanished_cases())):
+        note = " (a vanished gate row fails the review)" if title == "vanished cases" and len(cases) else ""
+        lines.append(f"  {title}: {len(cases)}{note}")
+        for _, c in cases.head(limit).iterrows():
+            lines.append(f"    {c['suite']}/{c['case']}/{c['target']}/{c['mode']} ({c['rows']} rows, {c['gate_rows']} gate)")
+        if len(cases) > limit:
+            lines.append(f"    ... {len(cases) - limit} more")
+    changed = comparison.changed
+    lines.append(f"  changed gate rows, neither better nor worse by the rule: {len(changed)}")
+    lines += [f"    {_row_text(r)}" for _, r in changed.head(limit).iterrows()]
+    if len(changed) > limit:
+        lines.append(f"    ... {len(changed) - limit} more")
+    large = comparison.large_info_moves()
+    lines.append(
+        f"  info rows moved more than {comparison.margin:.0%}: {len(comparison.info_moves)} (never a regression); "
+        f"by more than x{INFO_LIST_FACTOR:g}: {len(large)}"
+    )
+    lines += [f"    {_row_text(r)}" for _, r in large.head(limit).iterrows()]
+    if len(large) > limit:
+        lines.append(f"    ... {len(large) - limit} more")
+    return "\n".join(lines)
+
+
+def _row_text(row: pd.Series) -> str:
+    bound = "" if pd.isna(row["threshold"]) else f" (bound {fmt_value(row['threshold'])})"
+    return (
+        f"{row_location(row)}: {fmt_value(row['old_value']) or '-'} -> {fmt_value(row['new_value']) or '-'}{bound}: {row['why']}"
+    )

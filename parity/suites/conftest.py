@@ -38,7 +38,7 @@ from parity.suites.ar.support import build_ar_models
 from parity.suites.device_memory import DeviceMemoryError
 from parity.suites.dit.support import build_dit_models
 from parity.suites.families import require_family
-from parity.target import FAMILIES, PLANTED_SUITE, Target, TargetError, not_selected, suite_plan
+from parity.target import FAMILIES, PLANTED_SUITE, Target, TargetError, family_missing, not_selected, suite_plan
 
 SUITES_DIR = Path(__file__).resolve().parent
 
@@ -99,7 +99,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not items:  # the plan leaves out all that was selected: said, and no run directory for rows of nothing run
         _say_nothing_runs(config, plans, left_out)
     elif writes_session_rows(config):
-        _record_left_out(config, plans, left_out)
+        _record_left_out(config, plans, left_out, target)
 
 
 NOT_RUN = pytest.StashKey[list[str]]()  # the `not run:` lines of a session the plan left nothing to run
@@ -167,12 +167,15 @@ def _catalogue_of_this_tp(config: pytest.Config, items: list[pytest.Item]) -> No
         items[:] = [item for item in items if kept(item)]
 
 
-def _record_left_out(config: pytest.Config, plans: list[Any], left_out: dict[tuple[str, str], list[pytest.Item]]) -> None:
+def _record_left_out(
+    config: pytest.Config, plans: list[Any], left_out: dict[tuple[str, str], list[pytest.Item]], resolved: Target
+) -> None:
     done = resumed_test_ids(config)
     for (suite, family), tests in left_out.items():
         test_id = f"{SUITES_DIR.name}/{family}::{suite}"  # one per (family, suite): an appended run writes it once
         if test_id in done:
             continue
+        missing = family_missing(resolved, family)  # the page names the family and what the target lacks (docs/reports.md §4)
         config.stash[WRITER].write(
             {
                 "suite": suite,
@@ -184,6 +187,7 @@ def _record_left_out(config: pytest.Config, plans: list[Any], left_out: dict[tup
                 "kind": "info",
                 "better": "",
                 "test": test_id,
+                "data": {"what": FAMILIES[family].what, "missing": missing} if missing else None,
             }
         )
 

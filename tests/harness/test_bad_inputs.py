@@ -738,7 +738,10 @@ def _row(row_id: str) -> Bad:
         ),
         ("ar-tensor-int", lambda patch: patch.setattr("reference_models.common.hf_checkpoint.check_floating", lambda *a: None)),
         ("review-torn-last-line", lambda patch: patch.setattr("parity.report.review.check_results", _no_problems)),
-        ("review-interrupted-sigint", lambda patch: patch.setattr("parity.report.review.status_problem", lambda *a, **k: None)),
+        (
+            "review-interrupted-sigint",
+            lambda patch: patch.setattr("parity.report.run_files.status_problem", lambda *a, **k: None),
+        ),
         ("baseline-other-gpu", lambda patch: patch.setattr("parity.report.review.source_device_kind", lambda *a: None)),
         ("run-id-exists", lambda patch: patch.setattr("parity.cli.claim_run_dir", lambda *a, **k: None)),
     ],

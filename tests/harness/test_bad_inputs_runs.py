@@ -14,7 +14,6 @@ shows its row pass silently, lose its line or exit with another status.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -227,15 +226,9 @@ def test_every_row_names_its_exit_status() -> None:
 
 @pytest.mark.parametrize("row", [pytest.param(row, id=row.id, marks=row.marks) for row in ROWS])
 def test_bad_input(row: Bad, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    outcomes: list[Outcome] = []
-
-    def observed(path: Path) -> Outcome:
-        outcomes.append(row.run(path))
-        return outcomes[-1]
-
-    check_bad_input(dataclasses.replace(row, run=observed), tmp_path, monkeypatch)
-    assert outcomes[0].code == EXIT[row.id], outcomes[0].output
-    assert "left a copy running" not in outcomes[0].output, outcomes[0].output
+    outcome = check_bad_input(row, tmp_path, monkeypatch)
+    assert outcome.code == EXIT[row.id], outcome.output
+    assert "left a copy running" not in outcome.output, outcome.output
 
 
 def test_an_engine_worker_process_is_no_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -248,7 +241,8 @@ def test_an_engine_worker_process_is_no_copy(tmp_path: Path, monkeypatch: pytest
 
 def _family_alone(baseline: Any, current: Any) -> dict[str, Any]:
     """`not_compared` as it was: every baseline row of a family the run left out, whatever its suite."""
-    from parity.report.baseline import NOT_PROVIDED, SKIP
+    from parity.compare import SKIP
+    from parity.report.schema import NOT_PROVIDED
 
     left = current[(current["metric"] == NOT_PROVIDED) & (current["verdict"] == SKIP)]
     return {"families this target does not provide": baseline["family"].isin(set(left["case"]))}
@@ -280,7 +274,7 @@ def test_a_wrong_family_cannot_hide_a_vanished_case(rule: str, tmp_path: Path, m
     left_out = dict.fromkeys(header, "")
     left_out.update(
         run_id="run", suite="image", case="dit", target="serving", mode="eager", device="cpu", dtype="fp32", size="tiny",
-        metric="family_not_provided", value="3", verdict="skip", kind="info", torch_version="2.13.0+cpu", family="dit",
+        metric="family_not_provided", value="3", verdict="skip", kind="info", torch_version="2.13.0+cpu", family="dit", tp="1",
         test="suites/dit::image",
     )  # fmt: skip
     (run / RESULTS_FILE).write_text("".join([rows[0], *kept, ",".join(left_out[c] for c in header) + "\n"]))
@@ -343,7 +337,7 @@ IN_PROCESS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "append-other-tree": _old_append_rule,
     "suite-not-provided": _family_left_out_wholesale,
     "plugin-switched-off": lambda patch: patch.setattr("parity.plugin.switched_off", lambda config: False),
-    "owner-on-another-host": lambda patch: patch.setattr("parity.report.review.claimed_elsewhere", lambda owner, info: False),
+    "owner-on-another-host": lambda patch: patch.setattr("parity.report.run_files.claimed_elsewhere", lambda owner, info: False),
 }
 # Checks that live in check-target's child process: switched off in a fresh interpreter, whose
 # check-target forks its child (the patch is inherited).

@@ -10,7 +10,6 @@ is the control every row changes one thing of.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -123,14 +122,8 @@ BAD_SHARDS = [
 
 @pytest.mark.parametrize("row", [pytest.param(row, id=row.id) for row in BAD_SHARDS])
 def test_bad_input(row: Bad, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    outcomes: list[Outcome] = []
-
-    def observed(path: Path) -> Outcome:
-        outcomes.append(row.run(path))
-        return outcomes[-1]
-
-    check_bad_input(dataclasses.replace(row, run=observed), tmp_path, monkeypatch)
-    assert outcomes[0].code == 2, outcomes[0].output  # docs/cli.md §6: merge refused
+    outcome = check_bad_input(row, tmp_path, monkeypatch)
+    assert outcome.code == 2, outcome.output  # docs/cli.md §6: merge refused
 
 
 def test_good_shards_merge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,7 +148,7 @@ def _shards_unchecked(patch: pytest.MonkeyPatch) -> None:
 
 
 def _incomplete_accepted(patch: pytest.MonkeyPatch) -> None:
-    patch.setattr("parity.report.review.completeness", lambda run_dir, info: [])
+    patch.setattr("parity.report.merge.completeness", lambda run: [])
 
 
 def _any_into(patch: pytest.MonkeyPatch) -> None:

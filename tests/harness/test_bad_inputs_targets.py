@@ -169,6 +169,8 @@ BAD_TARGET_INPUTS = [
     Bad("check-target-router-none", check_target(f"{SLIPPERY}:router_returns_none", "--suite", "routing"), ("target.router() returned None", "expected a router adapter")),
     Bad("check-target-router-dataclass", check_target(f"{SLIPPERY}:router_dataclass", "--suite", "routing"), ("must return the pair (weights, ids), plain or named", "RoutingOutput", "renormalize=True)"),),
     Bad("check-target-router-named-ids-first", check_target(f"{SLIPPERY}:router_named_ids_first", "--suite", "routing"), ("fields ('ids', 'weights')", "renormalize=True)"),),
+    Bad("check-target-graph-key-not-declared", check_target(f"{SLIPPERY}:graph_key_not_declared", "--suite", "decode"), ("decode_graph_key(generating) must answer one of decode_graph_keys ('und_only', 'gen_only', 'blend')", "'both' for [False, True] (mixed)")),
+    Bad("check-target-graph-select-refuses", check_target(f"{SLIPPERY}:graph_select_refuses", "--suite", "decode"), ("select_decode_graph('gen_only') raised ValueError: no gen-only graph in this build",)),
     Bad("check-target-unknown-suite", check_target("serving", "--suite", "nope"), ("--suite 'nope': no such suite", "routing")),
     Bad("check-target-timeout-zero", check_target("serving", "--timeout", "0"), ("time-out 0.0", "seconds > 0")),
     # -- interruptions and broken disks

@@ -2,7 +2,8 @@
 
 Each check of the contract is shown going red on a target that breaks it: a missing member, a bare
 tuple where an object with `.logits` is required, the wrong number of hidden states, a weight map
-that misses checkpoint tensors, an unknown engine policy, half a family.
+that misses checkpoint tensors, an unknown engine policy, half a family, a mask-keyed decode graph
+member that answers a key nobody declared.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import torch
 
 from parity.cli import main
 from parity.conformance import check_target
+from parity.report import read_results
 from parity.suites.ar.support import moe_observation
-from tests.support.helpers import PROJECT_ROOT
+from tests.support.helpers import PROJECT_ROOT, run_pytest
 
 pytestmark = pytest.mark.parity_cpu
 
@@ -190,3 +192,91 @@ def test_moe_observation_reads_both_forms_and_refuses_a_mix() -> None:
     assert fused[3] is False and torch.equal(fused[1], h) and torch.equal(fused[2], moe)
     with pytest.raises(TypeError, match="MoE layer 2: pre_norm returned tuple, layer_module Tensor"):
         moe_observation(TapCall(x, (x, h)), TapCall(None, h + moe), layer=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mask-keyed decode graphs (docs/targets.md §3.2): check-target calls the three members
+# ---------------------------------------------------------------------------------------------
+
+KEYS = ("und_only", "blend")
+
+
+def keyed_target(**replace: Callable[..., Any]) -> Any:
+    """The example with two declared decode graphs whose members accept every key; `replace`
+    overrides some of them (each called with the adapter, as in `broken_target`)."""
+    members: dict[str, Callable[..., Any]] = {
+        "decode_graph_keys": lambda adapter: KEYS,
+        "select_decode_graph": lambda adapter: lambda key: None,
+        "decode_graph_key": lambda adapter: lambda generating: "und_only" if generating and not any(generating) else "blend",
+    }
+    return broken_target(**(members | replace))
+
+
+def test_keyed_decode_members_of_a_conforming_target_pass() -> None:
+    assert ar_problems(keyed_target()) == []
+
+
+@pytest.mark.parametrize(
+    ("replace", "line"),
+    [
+        (
+            {"decode_graph_key": lambda adapter: lambda generating: "both"},
+            "decode_graph_key(generating) must answer one of decode_graph_keys ('und_only', 'blend'): returned 'both' for "
+            "[False, False] (all text), 'both' for [True, True] (all gen), 'both' for [False, True] (mixed), 'both' for "
+            "[None, False] (a row of unknown kind)",
+        ),
+        (
+            {"decode_graph_key": lambda adapter: lambda generating: "blend" if None in generating else None},
+            "decode_graph_key(generating) must answer one of decode_graph_keys ('und_only', 'blend'): returned None for "
+            "[False, False] (all text), None for [True, True] (all gen), None for [False, True] (mixed)",
+        ),
+        (
+            {"select_decode_graph": lambda adapter: lambda key: {"blend": None}[key]},
+            "select_decode_graph('und_only') raised KeyError: 'und_only'",
+        ),
+        (
+            {"select_decode_graph": lambda adapter: None},
+            "declares decode_graph_keys ('und_only', 'blend') but lacks select_decode_graph",
+        ),
+        (
+            {"decode_graph_keys": lambda adapter: lambda: KEYS},
+            "decode_graph_keys must be a tuple of distinct non-empty str keys, got <function",
+        ),
+        (
+            {"decode_step": lambda adapter: lambda ids, positions: torch.zeros(1, 1)},
+            "decode_step(ids [1, 1], positions [1]) after select_decode_graph('und_only') must return [1, 320], got Tensor [1, 1]",
+        ),
+    ],
+    ids=["key-not-declared", "key-none", "select-refuses", "select-missing", "keys-a-method", "step-after-select"],
+)
+def test_keyed_decode_members_are_called_and_a_wrong_answer_is_one_line(replace: dict, line: str) -> None:
+    problems = ar_problems(keyed_target(**replace))
+    assert [p for p in problems if line in p], problems
+
+
+def test_without_the_keyed_check_a_key_not_declared_slips_past(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check switched off (check-target as it was): the bad key conforms, and only a run finds it."""
+    monkeypatch.setattr("parity.suites.ar.conformance._check_decode_graphs", lambda *args: None)
+    assert ar_problems(keyed_target(decode_graph_key=lambda adapter: lambda generating: "both")) == []
+
+
+def test_a_key_not_declared_in_a_run_is_an_error_row_naming_the_member(tmp_path: Path) -> None:
+    """The suites replay the graph of the key `decode_graph_key` answers: one that is no declared key
+    is the target's error, named with the member, what it returned and the keys (it used to be a bare
+    `KeyError: 'both'`)."""
+    args = ["parity/suites/ar/test_expert_selection.py", "-k", "keyed and eager", "-m", "cpu", "-q"]
+    target = "tests.support.slippery_targets:graph_key_not_declared"
+    result = run_pytest(
+        [*args, "--parity-target", target, "--parity-report-dir", str(tmp_path), "--parity-run-id", "r"], cwd=PROJECT_ROOT
+    )
+    assert result.returncode == 1, result.stdout[-3000:]
+    errors = read_results(tmp_path / "r").query("verdict == 'error'")
+    assert (
+        len(errors) >= 1
+        and errors["detail"]
+        .str.contains(
+            "decode_graph_key([False]) returned 'both': expected one of its decode_graph_keys ('und_only', 'gen_only', 'blend')",
+            regex=False,
+        )
+        .all()
+    ), errors["detail"].tolist()

@@ -24,7 +24,7 @@ from parity.localise.observe import resolve
 from parity.localise.repro import StageSource, write_repro
 from parity.localise.stages import Tap
 from tests.harness.test_localise import TOY, _broken_at, _chain
-from tests.support.helpers import PROJECT_ROOT
+from tests.support.helpers import PROJECT_ROOT, run_command
 
 pytestmark = pytest.mark.parity_cpu
 
@@ -49,14 +49,7 @@ def _repro(run_dir: Path, target: nn.Module | None = None, reference: nn.Module 
 
 
 def _replay(directory: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "parity.localise.replay", str(directory)],
-        cwd=directory.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    return run_command([sys.executable, "-m", "parity.localise.replay", str(directory)], cwd=directory.parent, env=env)
 
 
 def _one_line(result: subprocess.CompletedProcess) -> str:

@@ -49,7 +49,6 @@ def test_a_planted_defect_is_localised_to_its_stage_in_every_mode(defect: str, t
     result = run_pytest(
         [*SELECTION, "-q", "--parity-target", factory, "--parity-report-dir", str(tmp_path), "--parity-run-id", "r"],
         cwd=PROJECT_ROOT,
-        timeout=900,
     )
     assert result.returncode == 1, (result.stdout + result.stderr)[-3000:]
     frame = read_results(tmp_path / "r")

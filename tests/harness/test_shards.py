@@ -15,8 +15,7 @@ import pytest
 
 from parity.plugin import shards
 from parity.plugin.lanes import KEEP_COMPILE_CACHE, SUITE
-from parity.report import read_results, read_run_info
-from parity.report.rows import mutation_score
+from parity.report import mutation_score, read_results, read_run_info
 from tests.support.helpers import run_parity
 from tests.support.shared_run import SharedRun
 

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
-from parity.report import read_results, read_run_info
-from parity.report.baseline import compare_rows, load_rows
-from parity.report.rows import NOT_PROVIDED, mutation_score
+from parity.report import NOT_PROVIDED, mutation_score, read_results, read_run_info
+from parity.report.baseline import load_rows
+from parity.report.comparison import compare_rows
 from parity.target import TargetError, resolve_target
 from reference_models.ar.config import ar_config
 from reference_models.checkpoints import random_state_dict

@@ -22,6 +22,7 @@ from parity.report import read_results
 from tests.support.helpers import PROJECT_ROOT, run_command
 
 pytestmark = pytest.mark.parity_slow
+TEMPLATES = PROJECT_ROOT / "parity" / "report" / "templates"
 
 
 def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -86,16 +87,19 @@ def test_the_wheel_carries_the_suites_cases_and_entry_points(installed: Path, tm
             "-c",
             "import parity, parity.suites.ar.test_decode as t; from importlib.metadata import entry_points; "
             "from parity.cases import cases_dir; print(parity.__file__); print(sorted(p.name for p in cases_dir().iterdir())); "
-            "print([e.value for e in entry_points(group='pytest11') if e.name == 'parity'])",
+            "print([e.value for e in entry_points(group='pytest11') if e.name == 'parity']); "
+            "from parity.report.html import templates; print(sorted(templates().list_templates()))",
         ],
         cwd=tmp_path,
         env=_clean_env(),
     )
     assert probe.returncode == 0, probe.stderr
-    location, cases, entry = probe.stdout.strip().splitlines()
+    location, cases, entry, templates = probe.stdout.strip().splitlines()
     assert str(PROJECT_ROOT) not in location, f"parity was imported from the checkout: {location}"
     assert cases == "['ar.toml', 'dit.toml', 'routing.toml', 'selfcheck.toml']"
     assert "parity.plugin" in entry
+    shipped = sorted(str(p.relative_to(PROJECT_ROOT / "parity/report/templates")) for p in TEMPLATES.rglob("*") if p.is_file())
+    assert templates == str(shipped), "the review page's templates are not all in the wheel (pyproject.toml package-data)"
 
 
 @pytest.mark.parametrize("suite", ["selfcheck", "weight_coverage"])

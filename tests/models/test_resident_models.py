@@ -73,7 +73,7 @@ def test_a_family_the_card_cannot_hold_skips_each_test_and_the_summary_says_why(
     """The build refuses (need vs have) once; every test of the family skips with that reason
     and leaves a `family_not_provided` row, so the summary under the run's table names the family,
     its tests and the reason. A family the card holds builds and writes no such row."""
-    from parity.report.rows import not_provided_lines
+    from parity.report import not_provided_lines
 
     resident, writer, builds = ResidentModels(), _Writer(), []
     monkeypatch.setattr(suites_conftest, "RESIDENT", resident)

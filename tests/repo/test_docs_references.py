@@ -76,6 +76,7 @@ UPSTREAM = {
     "test_topk_softplus_sqrt.py": "vLLM's tests",
     "moe_routing/topk.py": "AITER's Triton routing",
     "benchmarks/dynamo/common.py": "pytorch/pytorch's accuracy benchmarks",
+    "torch/utils/_contextlib.py": "PyTorch's context-manager decorators (torch.no_grad's decorate_context)",
 }
 
 # Options that are not parity's, and why the docs name them.

@@ -10,6 +10,9 @@ Read from the source with `ast`, not grep: a value is *measured* when it comes f
 from a name assigned one (`start`, `seconds = time.perf_counter() - start`, `deadline = time.monotonic()
 + 120`), or from a function of the same module returning one (a tuple's measured positions only).
 Any comparison (`<`, `>`, `==`, ...) with a measured operand is reported with its file and line.
+So is a deadline handed to a child process (`subprocess.run(..., timeout=120)`, `communicate(timeout=
+...)`, the helpers' `run_pytest(..., timeout=900)`): on a loaded machine it kills a child that was
+only slow, and the test goes red with nothing wrong.
 `test_the_scan_sees_each_form` plants each form in a file of its own and shows the check go red.
 """
 
@@ -160,8 +163,34 @@ def duration_comparisons(paths: Iterable[Path], *, root: Path, follow: bool = Tr
     return sorted(found)
 
 
+# Calls that start or wait for a child process; a `timeout=` on them is a deadline on its run.
+CHILD_CALLS = frozenset(
+    {"run", "call", "check_call", "check_output", "communicate", "wait", "run_pytest", "run_parity", "run_command", "run_watched"}
+)
+
+
+def child_deadlines(paths: Iterable[Path], *, root: Path) -> list[str]:
+    """`file:line: source` of every child-process call given a `timeout=` other than None."""
+    found = set()
+    for path in paths:
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.Call):
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            for keyword in node.keywords:
+                if (
+                    name in CHILD_CALLS
+                    and keyword.arg == "timeout"
+                    and not (isinstance(keyword.value, ast.Constant) and keyword.value.value is None)
+                ):
+                    found.add(f"{path.relative_to(root)}:{node.lineno}: {ast.get_source_segment(source, node)}")
+    return sorted(found)
+
+
 def check_tree(root: Path, *, follow: bool = True) -> None:
-    found = duration_comparisons(sorted((root / "tests").rglob("*.py")), root=root, follow=follow)
+    paths = sorted((root / "tests").rglob("*.py"))
+    found = duration_comparisons(paths, root=root, follow=follow) + child_deadlines(paths, root=root)
     assert found == [], (
         "tests compare measured durations (a loaded machine turns them red; time in benchmarks and "
         "docs/performance.md, bound hangs with parity.observe.progress):\n" + "\n".join(found)
@@ -215,11 +244,27 @@ def test_started():
     began = datetime.datetime.now()
     assert datetime.datetime.now() - began < datetime.timedelta(seconds=5)
 """,
+    "child-deadline": """
+import subprocess, sys
+def test_replay():
+    result = subprocess.run([sys.executable, "-c", "pass"], capture_output=True, timeout=120)
+    assert result.returncode == 0
+""",
+    "communicate-deadline": """
+import subprocess, sys
+def test_agent():
+    process = subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE)
+    output, _ = process.communicate(timeout=1200)
+    assert process.returncode == 0
+""",
 }
 # Not durations: an exit code beside a duration, seconds read from a file (a recorded value), a
-# clock used only to print, an `is None` test.
+# clock used only to print, an `is None` test, a child waited for with no deadline, a queue's timeout.
 CONTROLS = """
-import json, time
+import json, queue, subprocess, sys, time
+def test_child():
+    assert subprocess.run([sys.executable, "-c", "pass"], timeout=None).returncode == 0
+    assert queue.Queue().get(timeout=1) is not None
 def _session():
     start = time.monotonic()
     return 0, "output", time.monotonic() - start

@@ -18,11 +18,13 @@ import pytest
 
 from parity.compare import count_rule, equality_rule, flag_rule, threshold_rule
 from parity.compare.rules import AT_LEAST, AT_MOST, EXACTLY
+from parity.report import COLUMNS, read_run_info
 from parity.report import audit as audit_mod
-from parity.report.audit import DECISION_METRICS, audit_file, read_records, rule_changes, verdict_problem
-from parity.report.baseline import ROW_KEYS, BaselineError, load_rows
+from parity.report.audit import DECISION_METRICS, audit_file, rule_changes, verdict_problem
+from parity.report.baseline import BaselineError, load_rows
 from parity.report.review import load_review
-from parity.report.rows import COLUMNS, read_run_info
+from parity.report.rows import read_records
+from parity.report.schema import ROW_KEYS
 from tests.support.helpers import PROJECT_ROOT
 from tests.support.shared_run import SharedRun
 

@@ -10,22 +10,19 @@ import pandas as pd
 import pytest
 
 from parity.cli import main
-from parity.report import baseline as baseline_mod
+from parity.report import comparison as comparison_mod
 from parity.report import read_results
 from parity.report.baseline import (
     BASELINE_COLUMNS,
-    MEASURED_BOUND_FACTOR,
-    MEASURED_GROUP_MIN,
     VOLATILE_COLUMNS,
     BaselineError,
-    allowance_used,
-    compare_rows,
     default_baseline_path,
     device_kind,
-    format_comparison,
     load_rows,
     write_baseline,
 )
+from parity.report.comparison import MEASURED_BOUND_FACTOR, MEASURED_GROUP_MIN, allowance_used, compare_rows
+from parity.report.review import format_comparison
 from tests.support.helpers import PROJECT_ROOT, run_parity
 from tests.support.shared_run import SharedRun, copy_run, write_rows
 
@@ -74,8 +71,8 @@ def test_direction_comes_from_better_higher_means_a_drop_is_worse(template: pd.S
 
 def test_a_direction_blind_rule_would_miss_the_psnr_drop(template: pd.Series, monkeypatch: pytest.MonkeyPatch) -> None:
     """The broken variant: read every metric as lower-is-better and the PSNR drop above is not caught."""
-    blind = baseline_mod.allowance_used
-    monkeypatch.setattr(baseline_mod, "allowance_used", lambda value, threshold, better: blind(value, threshold, "lower"))
+    blind = comparison_mod.allowance_used
+    monkeypatch.setattr(comparison_mod, "allowance_used", lambda value, threshold, better: blind(value, threshold, "lower"))
     old = one(template, metric="psnr", better="higher", value=60.0, threshold=40.0)
     worse = one(template, metric="psnr", better="higher", value=45.0, threshold=40.0)
     assert compare_rows(old, worse).regressions.empty
@@ -331,7 +328,7 @@ def test_a_correct_run_reviews_clean_against_a_baseline_of_another_kernel_set(re
 def test_the_old_rule_flagged_those_runs_and_the_margin_is_measured(recorded, monkeypatch: pytest.MonkeyPatch) -> None:
     """The broken variants: every bound read as a policy (the old rule) and the old 10% margin."""
     assert compare_rows(recorded["avx512-t1"], recorded["default-t1"]).ok
-    monkeypatch.setattr(baseline_mod, "bound_kind", lambda old, new: "fixed")
+    monkeypatch.setattr(comparison_mod, "bound_kind", lambda old, new: "fixed")
     as_policies = compare_rows(recorded["avx512-t1"], recorded["default-t1"])
     assert len(as_policies.regressions) > 100 and as_policies.regressions["why"].str.startswith("bound loosened").all()
     monkeypatch.undo()

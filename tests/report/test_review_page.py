@@ -10,9 +10,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import pytest
+
 from parity.report import read_results
-from parity.report.page import PAGE_FILE, SUITE_VIEWS, split_metric, write_page
+from parity.report.page import PAGE_FILE, SUITE_VIEWS, write_page
 from parity.report.review import load_review
+from parity.report.views import split_metric
 from tests.support.shared_run import SharedRun, copy_run, write_rows, writer_for
 
 SECTION_ORDER = ("summary", "baseline", "numerics", "recompiles", "images", "routing", "sensitivity", "rows", "environment")
@@ -363,9 +366,21 @@ def skip_row(suite: str, case: str, reason: str, mode: str | None = None) -> dic
     return dict(suite=suite, case=case, mode=mode, metric="skipped", verdict="skip", kind="info", better="", detail=reason)
 
 
+# What the plugin's family rows carry as data (parity.suites.conftest): the family's name and the members the target lacks.
+FAMILY_DATA = {"dit": {"what": "DiT", "missing": ["load_dit", "build_dit"]}, "routing": {"what": "router", "missing": ["router"]}}
+
+
 def family_row(suite: str, family: str, tests: int | None, reason: str) -> dict:
     return dict(
-        suite=suite, case=family, metric="family_not_provided", value=tests, verdict="skip", kind="info", better="", detail=reason
+        suite=suite,
+        case=family,
+        metric="family_not_provided",
+        value=tests,
+        verdict="skip",
+        kind="info",
+        better="",
+        detail=reason,
+        data=FAMILY_DATA.get(family),
     )
 
 
@@ -442,9 +457,9 @@ def test_an_absent_family_is_one_line_at_the_top_and_in_no_table(tmp_path: Path)
 def test_the_family_check_sees_a_family_row_in_a_table(tmp_path: Path, monkeypatch) -> None:
     """The broken variant: a page that reads family rows as skipped tests has no line for the family
     and a view and rows for its suite, which the checks above refuse."""
-    from parity.report import page as page_module
+    from parity.report import sections
 
-    monkeypatch.setattr(page_module, "family_rows", lambda frame: frame.iloc[0:0])
+    monkeypatch.setattr(sections, "family_rows", lambda frame: frame.iloc[0:0])
     hand_made_run(tmp_path / "run", AR_ROWS + [family_row("routing", "routing", 623, ROUTER_REASON)])
     text = _text(tmp_path / "run")
     assert 'id="not-provided"' not in text
@@ -454,9 +469,10 @@ def test_the_family_check_sees_a_family_row_in_a_table(tmp_path: Path, monkeypat
 def test_the_skip_check_sees_skip_rows_listed_row_by_row(tmp_path: Path, monkeypatch) -> None:
     """The broken variant: a page that reads skip rows as rows that ran lists them in its tables and
     counts them in the routing header."""
-    from parity.report import page as page_module
+    from parity.report import sections, views
 
-    monkeypatch.setattr(page_module, "split_skipped", lambda rows: (rows, rows.iloc[0:0]))
+    for module in (sections, views):
+        monkeypatch.setattr(module, "split_skipped", lambda rows: (rows, rows.iloc[0:0]))
     rows = (
         AR_ROWS
         + [skip_row("numerics", "dit-0", DIT_REASON)]
@@ -498,6 +514,7 @@ def decode_rows(
                 kind="info",
                 better="",
                 detail="row 0: " + " ".join(map(str, seq)),
+                data={"tokens": [seq]},
             )
             for side, seq in (("reference", REFERENCE_TOKENS), ("target", target))
         ]
@@ -532,6 +549,7 @@ def decode_rows(
             better="lower",
             detail=f"largest |target - reference| of the step logits per step, steps 0-{steps - 1}: "
             + " ".join(f"{e:.3g}" for e in errors),
+            data={"steps": errors},
         )
     )
     return rows
@@ -565,20 +583,20 @@ def test_a_decode_failure_shows_its_step_both_sequences_and_the_plot(tmp_path: P
 def test_the_decode_plot_and_step_are_read_from_the_rows(tmp_path: Path, monkeypatch) -> None:
     """The broken variant: the same checks fail when the page takes the wrong step (a plot
     without the divergence line) or when the sequences are not drawn."""
-    from parity.report import page as page_module
+    from parity.report import decode_view
 
     drawn = []
-    real = page_module.decode_step_plot
+    real = decode_view.decode_step_plot
     monkeypatch.setattr(
-        page_module,
+        decode_view,
         "decode_step_plot",
         lambda series, path, title, at=None: drawn.append((series, at)) or real(series, path, title, at),
     )
     hand_made_run(tmp_path / "ok", AR_ROWS + decode_rows("diverges", TARGET_TOKENS, STEP_ERRORS, verdict="fail", matched=4))
     ((label, values),), at = drawn[0]
-    assert at == 4 and values == [float(f"{e:.3g}") for e in STEP_ERRORS] and "per step" in label
+    assert at == 4 and values == STEP_ERRORS and "per step" in label
 
-    monkeypatch.setattr(page_module.DecodeRun, "tokens", property(lambda self: {}))
+    monkeypatch.setattr(decode_view.DecodeRun, "tokens", property(lambda self: {}))
     page = hand_made_run(
         tmp_path / "broken", AR_ROWS + decode_rows("diverges", TARGET_TOKENS, STEP_ERRORS, verdict="fail", matched=4)
     )
@@ -601,17 +619,26 @@ def test_a_decode_run_without_token_rows_says_what_it_lacks(tmp_path: Path) -> N
     assert "no per-step error of the step logits to plot" in decode and "review/decode-cut-eager.png" not in decode
 
 
-def test_the_page_reads_the_decode_suites_token_and_step_rows() -> None:
-    """The decode suite writes `tokens` and `step_max_abs` details (parity.suites.ar.decode); the
-    page reads them back: a change of either format on one side only goes red here."""
+def test_the_page_reads_the_decode_suites_token_and_step_rows(tmp_path: Path) -> None:
+    """The decode suite writes `tokens` and `step_max_abs` payloads as the rows' data
+    (parity.suites.ar.test_decode); the page reads them back as numbers, never from the detail: a
+    change of either side alone goes red here."""
     import torch
 
-    from parity.report.page import parse_step_errors, parse_tokens
-    from parity.suites.ar.decode import step_errors, step_errors_text, token_text
+    from parity.report import ReportWriter
+    from parity.report.decode_view import DecodeRun
+    from parity.suites.ar.decode import step_errors
 
     tokens = torch.tensor([[5, 9, 300], [7, 0, 12]])
-    assert parse_tokens(token_text(tokens)) == tokens.tolist()
     want = torch.zeros(2, 3, 4)
     have = want.clone()
     have[0, 1, 2], have[1, 2, 0] = 2.5e-3, float("nan")
-    assert parse_step_errors(step_errors_text(step_errors(want, have))) == [0.0, 2.5e-3, float("inf")]
+    errors = step_errors(want, have)
+    writer = ReportWriter(tmp_path, {})
+    where = dict(suite="decode", case="c", mode="eager", kind="info", verdict="pass", detail="(prose the page never parses)")
+    writer.write(dict(where, site="target", metric="tokens", value=3, data={"tokens": tokens.tolist()}))
+    writer.write(dict(where, site="teacher_forced", metric="step_max_abs", value=max(errors), data={"steps": errors}))
+    run = DecodeRun("c", "eager", read_results(tmp_path))
+    assert run.tokens == {"target": tokens.tolist()}
+    assert run.step_errors() == ("teacher-forced, largest |d| per step", errors)
+    assert errors[0] == 0.0 and errors[1] == pytest.approx(2.5e-3) and errors[2] == float("inf")  # NaN read as inf

@@ -12,7 +12,8 @@ import pytest
 
 from parity.localise import rows as localise_rows
 from parity.report import ReportWriter, chains
-from parity.report.baseline import compare_rows, load_rows
+from parity.report.baseline import load_rows
+from parity.report.comparison import compare_rows
 from parity.report.page import PAGE_FILE, write_page
 from parity.report.review import format_review, load_review
 from tests.report.test_review_page import AR_ROWS, _section, broken_references, parse_page
@@ -117,7 +118,11 @@ RULE = "the target may be at most 2x as far from the fp64 golden as the referenc
 def test_a_rule_paragraph_is_printed_once_per_suite_and_lines_stay_short(tmp_path: Path) -> None:
     """The broken variant would print the paragraph on every row (several screens for one defect)."""
     gates = [
-        dict(failing_gate("mixed", mode=mode, site=site), detail=f"above noise floor; {site}: ratio=3e5 [{RULE.strip()}]")
+        dict(
+            failing_gate("mixed", mode=mode, site=site),
+            detail=f"above noise floor; {site}: ratio=3e5 [{RULE.strip()}]",
+            data={"rule": RULE.strip()},  # as a rule's verdict writes it (Verdict.rule)
+        )
         for mode in ("eager", "cpu_graph", "compiled")
         for site in ("layer.2", "layer.3", "logits")
     ]

@@ -20,10 +20,11 @@ import pytest
 
 from parity.plugin.session import RunDirError, claim_run_dir
 from parity.report import RESULTS_FILE, RUN_INFO_FILE, ReportError, ReportWriter, rundir, write_run_info
+from parity.report import html as html_mod
 from parity.report import page as page_mod
 from parity.report.baseline import BaselineError, load_rows, write_baseline
-from parity.report.review import completeness
-from parity.report.rows import read_run_info
+from parity.report.run_files import RunFiles, completeness
+from parity.report.run_info import read_run_info
 from parity.report.rundir import OWNER_FILE, RunClaim, RunInUse
 from tests.harness.test_bad_inputs_review import CONTEXT, make_run
 from tests.support.bad_input_table import cli
@@ -186,11 +187,11 @@ def test_write_baseline_never_rewrites_a_runs_own_results(broken: bool, tmp_path
 # ---------------------------------------------------------------------------------------------
 
 
-class _OldAssets(page_mod.Assets):
+class _OldAssets(html_mod.Assets):
     """Assets as they were: review/ deleted and made again on every build."""
 
     def __init__(self, run_dir: Path):
-        self.run_dir, self.root = run_dir, run_dir / page_mod.ASSET_DIR
+        self.run_dir, self.root = run_dir, run_dir / html_mod.ASSET_DIR
         if self.root.exists():
             shutil.rmtree(self.root)
         self.root.mkdir(parents=True)
@@ -227,8 +228,8 @@ def test_review_dir_without_its_list_is_refused_and_kept(tmp_path: Path, monkeyp
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".review")]  # no build directory left behind
     (run_dir / "review" / "numerics-ar.png").unlink()
     assert cli("review", run_dir, "--no-baseline").code == 0  # an empty review/ is taken
-    listed = (run_dir / "review" / page_mod.REVIEW_MARKER).read_text().split()
-    assert sorted(p.name for p in (run_dir / "review").iterdir()) == sorted([page_mod.REVIEW_MARKER, *listed])
+    listed = (run_dir / "review" / html_mod.REVIEW_MARKER).read_text().split()
+    assert sorted(p.name for p in (run_dir / "review").iterdir()) == sorted([html_mod.REVIEW_MARKER, *listed])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,7 +301,7 @@ def test_a_dead_owner_is_recognised_and_its_run_may_be_taken_over(tmp_path: Path
         claim_run_dir(run_dir, overwrite=overwrite, append=append)  # no refusal: nobody holds the claim
     with pytest.raises(RunDirError, match="already holds a run"):
         claim_run_dir(run_dir, overwrite=False, append=False)
-    (problem,) = [p for p in completeness(run_dir, read_run_info(run_dir)) if "process" in p]
+    (problem,) = [p for p in completeness(RunFiles.read(run_dir)) if "process" in p]
     assert f"process {pid} on" in problem and "is gone" in problem
 
 
@@ -312,9 +313,9 @@ def test_the_claim_outranks_a_reused_process_id(tmp_path: Path, monkeypatch: pyt
     RunClaim.take(run_dir).release(keep_record=True)
     (run_dir / OWNER_FILE).write_text(f'{{"pid": {os.getpid()}, "host": "{os.uname().nodename}", "claimed": "t"}}\n')
     write_run_info(run_dir, {"status": "running", "pid": os.getpid(), "host": os.uname().nodename})
-    assert any("is gone" in p for p in completeness(run_dir, read_run_info(run_dir)))
-    monkeypatch.setattr("parity.report.review.owner_alive", lambda run_dir: None)  # the broken variant
-    assert any("still running" in p for p in completeness(run_dir, read_run_info(run_dir)))
+    assert any("is gone" in p for p in completeness(RunFiles.read(run_dir)))
+    monkeypatch.setattr("parity.report.run_files.owner_alive", lambda run_dir: None)  # the broken variant
+    assert any("still running" in p for p in completeness(RunFiles.read(run_dir)))
 
 
 def test_a_run_without_a_claim_is_live_while_its_process_is(tmp_path: Path) -> None:

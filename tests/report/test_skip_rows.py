@@ -10,7 +10,8 @@ import pytest
 
 from parity.compare import SKIP
 from parity.report import read_results, summarize
-from parity.report.baseline import baseline_rows, compare_rows
+from parity.report.baseline import baseline_rows
+from parity.report.comparison import compare_rows
 from tests.support.helpers import run_pytest
 
 pytestmark = [pytest.mark.parity_cpu, pytest.mark.parity_slow]  # module fixtures run a session or compile: seconds

@@ -15,10 +15,13 @@ from parity.observe.compile_ledger import (
     TESTED_TORCH_VERSIONS,
     CompileLedger,
     CompileWatchUnavailable,
+    code_label,
+    code_location,
     code_of,
     fail_on_recompile,
     reset_compile_state,
 )
+from parity.observe.dynamic import dynamic_compile
 
 ROW_KEYS = {"metric", "value", "threshold", "verdict", "detail"}
 
@@ -233,3 +236,53 @@ def test_code_of_unwraps_what_suites_hand_it():
         assert code_of(target) is Block.forward.__code__
     with pytest.raises(TypeError, match="Block.forward"):
         code_of(Block)
+
+
+class DecoratedAdapter:
+    """Entry points decorated the ordinary way, by decorators from a file Dynamo skips
+    (torch/utils/_contextlib.py): `torch.compile` alone would compile them behind
+    `wrap_inline`'s one shared frame."""
+
+    @torch.no_grad()
+    def forward(self, x):
+        return x * 2 + 1
+
+    @torch.inference_mode()
+    def embed(self, x):
+        return x - 1
+
+
+@pytest.mark.parametrize(("method", "other"), [("forward", "embed"), ("embed", "forward")])
+def test_a_decorated_method_is_counted_as_its_own_code(method, other):
+    """Compiled by parity (`dynamic_compile`), a decorated method runs in a frame of its own named
+    after it (parity.observe.compile_frames): one compile over sizes 5-7, counted by the method, its
+    class function or its compiled wrapper, and not mixed with another decorated method's."""
+    reset_compile_state()
+    adapter = DecoratedAdapter()
+    fn = getattr(adapter, method)
+    with CompileLedger() as ledger:
+        compiled = dynamic_compile(fn, dynamic=True, fullgraph=True, backend="eager")
+        for size in (5, 6, 7):
+            compiled(torch.randn(size))
+        dynamic_compile(getattr(adapter, other), dynamic=True, fullgraph=True, backend="eager")(torch.randn(5))
+    assert ledger.compiles(fn) == 1, [(event.label, event.kind) for event in ledger.events]
+    assert code_of(getattr(DecoratedAdapter, method)) is code_of(fn) is code_of(compiled)
+    assert code_label(code_of(fn)) == f"DecoratedAdapter.{method}"
+    assert code_location(code_of(fn)).startswith(__file__)  # the method's file, not parity's frame
+    assert ledger.compiles(getattr(adapter, other)) == 1 and ledger.compiles() == 2
+
+
+def test_decorated_methods_of_one_name_are_two_codes():
+    """Code objects compare by content (their qualname aside): two classes' decorated `forward`s
+    still get frames that are two keys, so calls counted for one are not the other's."""
+
+    class Other:
+        @torch.no_grad()
+        def forward(self, x):
+            return x
+
+    mine, theirs = code_of(DecoratedAdapter.forward), code_of(Other.forward)
+    assert mine != theirs and len({mine, theirs}) == 2
+    ledger = CompileLedger()
+    ledger.count_calls(DecoratedAdapter().forward)(torch.ones(1))
+    assert ledger.calls(DecoratedAdapter.forward) == 1 and ledger.calls(Other.forward) == 0

@@ -98,7 +98,6 @@ def test_a_host_read_in_a_third_party_target_is_an_error_row_with_its_line(tmp_p
             "r",
         ],
         cwd=PROJECT_ROOT,
-        timeout=900,
     )
     assert result.returncode == 1, (result.stdout + result.stderr)[-3000:]
     frame = read_results(tmp_path / "r")

@@ -73,7 +73,7 @@ def test_pin_a_mode_entered_inside_the_traced_function_sees_ops_first():
         with _HostSyncGuard("pin site"):
             return x[x.nonzero()[:, 0]]
 
-    with pytest.raises(CaptureError, match="while capturing pin site: aten.nonzero"):
+    with pytest.raises(CaptureError, match=r"while capturing pin site.*: aten\.nonzero"):
         _trace(fn, torch.zeros(3))
 
 

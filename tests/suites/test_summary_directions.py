@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from parity.report import summarize
-from parity.report.rows import MutationScore
+from parity.report.mutation import MutationScore
 
 
 def _frame(better: str, value: float, threshold: float) -> pd.DataFrame:

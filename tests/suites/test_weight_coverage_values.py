@@ -8,13 +8,16 @@ tensor) the pair that does not hold is named, where the name-only check passes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from parity.observe.weight_values import holds, placement
+from parity.observe import weight_values
+from parity.observe.weight_values import _rows, holds, placement
 from parity.report import read_results
 from tests.support.helpers import PROJECT_ROOT, run_parity, run_pytest
 
@@ -68,9 +71,67 @@ def test_a_tensor_in_the_wrong_parameter_fails_whatever_the_name_map_says() -> N
     assert honest.unreceived == ["gen"] and honest.misplaced == ()  # the map is right about what it did
 
 
+class TwoFused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8, bias=False), nn.Linear(4, 8, bias=False)
+
+
+def _host_copies_at_one_address(monkeypatch: pytest.MonkeyPatch, module: nn.Module) -> None:
+    """`Tensor.cpu()` of a parameter as it is on a GPU: a fresh host copy, here always written to
+    one scratch buffer per shape (the allocator handing the freed address to the next copy, the
+    worst case, made certain)."""
+    addresses = {param.data_ptr() for param in module.parameters()}
+    scratch: dict[tuple[int, ...], torch.Tensor] = {}
+    to_host = torch.Tensor.cpu
+
+    def cpu(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.data_ptr() not in addresses:
+            return to_host(self, *args, **kwargs)
+        buffer = scratch.setdefault(tuple(self.shape), torch.empty(self.shape, dtype=self.dtype))
+        return buffer.copy_(self)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+
+
+def _rows_by_address(cache: dict, name: str, param: torch.Tensor) -> Callable[[bool], set[bytes]]:
+    """The switched-off variant: rows cached by the host copy's address, as they once were."""
+
+    def rows(transposed: bool) -> set[bytes]:
+        host = param.detach().cpu()
+        key = (str(host.data_ptr()), transposed)
+        if key not in cache:
+            cache[key] = _rows(host.t() if transposed else host)
+        return cache[key]
+
+    return rows
+
+
+@pytest.mark.parametrize("cache", ["by-name", "by-address"])
+def test_parameters_copied_to_the_host_one_at_a_time_are_each_judged_by_their_own_rows(
+    cache: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA the tiny engine example read 14 unreceived tensors, all rows of fused parameters: the
+    row sets were cached by the host copy's address, and the copy of the next fused parameter of
+    the same shape was made at the address of the one before. Keyed by name, each parameter is
+    judged by its own rows; keyed by address (the switched-off variant), `b`'s tensors are lost."""
+    g = torch.Generator().manual_seed(3)
+    tensors = {name: torch.randn(4, 4, generator=g) for name in ("a.q", "a.k", "b.q", "b.k")}
+    model = TwoFused()
+    with torch.no_grad():
+        model.a.weight.copy_(torch.cat([tensors["a.q"], tensors["a.k"]]))
+        model.b.weight.copy_(torch.cat([tensors["b.q"], tensors["b.k"]]))
+    _host_copies_at_one_address(monkeypatch, model)
+    if cache == "by-address":
+        monkeypatch.setattr(weight_values, "rows_by_name", _rows_by_address)
+    result = placement(model, tensors.items(), lambda p: [])
+    expected = {"a.q": ("a.weight",), "a.k": ("a.weight",), "b.q": ("b.weight",), "b.k": ("b.weight",)}
+    assert (result.held_by == expected) == (cache == "by-name"), result.held_by
+
+
 def _coverage_rows(tmp_path: Path, target: str) -> tuple[int, str, object]:
     args = ["parity/suites/ar/test_weight_coverage.py", "-q", "--parity-target", target]
-    result = run_pytest([*args, "--parity-report-dir", str(tmp_path), "--parity-run-id", "r"], cwd=PROJECT_ROOT, timeout=900)
+    result = run_pytest([*args, "--parity-report-dir", str(tmp_path), "--parity-run-id", "r"], cwd=PROJECT_ROOT)
     return result.returncode, result.stdout + result.stderr, read_results(tmp_path / "r")
 
 
@@ -81,7 +142,6 @@ def test_an_honest_map_of_a_loader_defect_is_a_failure_row_and_the_run_goes_on(t
     result = run_parity(
         ["run", "--target", target, "--suite", "weight_coverage", "--report-dir", str(tmp_path), "--run-id", "r"],
         cwd=PROJECT_ROOT,
-        timeout=900,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 1 and "does not conform" not in output, output[-3000:]

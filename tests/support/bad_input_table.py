@@ -64,10 +64,10 @@ class Bad:
     marks: tuple[Any, ...] = ()
 
 
-def check_bad_input(row: Bad, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def check_bad_input(row: Bad, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
     """What every row of a bad-input table must show: a non-zero exit or a raised error (or a skip
     with its reason), exactly one line of output holding all of the row's words, no traceback, and
-    an existing run's rows unchanged."""
+    an existing run's rows unchanged. Returns the outcome (for the table's own checks: its exit status)."""
     monkeypatch.chdir(tmp_path)  # a review writes its page, a run its reports: keep them here
     outcome = row.run(tmp_path)
     shown = f"exit {outcome.code}; output:\n{outcome.output}\nskipped: {outcome.skipped}"
@@ -77,8 +77,9 @@ def check_bad_input(row: Bad, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     if row.skip:
         reasons = [line for line in outcome.skipped.splitlines() if all(word in line for word in row.expect)]
         assert len(reasons) == 1, shown
-        return
+        return outcome
     assert outcome.code != 0, shown
     explaining = [line for line in outcome.output.splitlines() if all(word in line for word in row.expect)]
     assert len(explaining) == 1, f"expected one line holding {row.expect}\n{shown}"
     assert "left a run directory" not in outcome.output, shown
+    return outcome

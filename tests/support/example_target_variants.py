@@ -76,3 +76,27 @@ def make_target_without_greedy_generate() -> Any:
             return adapter
 
     return Target()
+
+
+def make_target_decorated_methods() -> Any:
+    """The example's adapter with its entry points decorated the ordinary way an engine writes an
+    inference method: `forward` (the recompiles suite's) under `@torch.no_grad()`, `embed`
+    (embedding_clamp's one compiled frame) under `@torch.inference_mode()`. Both decorators live in
+    a file Dynamo skips; the compile counts must still be those of the undecorated example."""
+    import torch
+
+    from examples.engine_target import parity_target
+
+    adapter = parity_target.EngineARAdapter
+    adapter.forward = torch.no_grad()(adapter.forward)  # type: ignore[method-assign]
+    adapter.embed = torch.inference_mode()(adapter.embed)  # type: ignore[method-assign]
+    return parity_target.make_target()
+
+
+def make_target_gen_column_as_token() -> Any:
+    """A porter's slip: greedy decoding hands back the argmax logits column as the token id (right
+    only while the gen start is the text table's size, docs/checkpoints.md §4)."""
+    from examples.engine_target import parity_target
+
+    parity_target.EngineARAdapter.token_of_column = lambda self, column: column  # type: ignore[method-assign]
+    return parity_target.make_target()

@@ -1,7 +1,8 @@
 """`--target` factories that slip past a check that only looks for members: a factory
 that ends the process or hangs, one that leaves a non-daemon thread running (as engines' background
-loops do), a router that returns None, and the forms a router's result may or may not take
-(docs/targets.md §7). tests/harness/test_check_target_contract.py and tests/harness/test_bad_inputs_targets.py use them."""
+loops do), a router that returns None, the forms a router's result may or may not take
+(docs/targets.md §7), and mask-keyed decode graph members that answer a key nobody declared or
+refuse a declared one (docs/targets.md §3.2). tests/harness/test_check_target_contract.py and tests/harness/test_bad_inputs_targets.py use them."""
 
 from __future__ import annotations
 
@@ -172,3 +173,49 @@ def router_attribute() -> WithRouter:
     target = WithRouter("router-attribute", lambda: None)
     target.router = make_serving().router()
     return target
+
+
+class WithDecodeGraphs:
+    """The built-in serving target whose AR adapters have mask-keyed decode graph members replaced
+    (docs/targets.md §3.2); each replacement is called with the adapter and returns the member."""
+
+    def __init__(self, name: str, **members: Callable[[Any], Any]) -> None:
+        self._target = make_serving()
+        self.name = name
+        self._members = members
+
+    def _patched(self, adapter: Any) -> Any:
+        for member, make in self._members.items():
+            setattr(adapter, member, make(adapter))
+        return adapter
+
+    def load_ar(self, *args: Any) -> Any:
+        return self._patched(self._target.load_ar(*args))
+
+    def build_ar(self, *args: Any) -> Any:
+        return self._patched(self._target.build_ar(*args))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+def graph_key_not_declared() -> WithDecodeGraphs:
+    """`decode_graph_key` answers "both", a key `decode_graph_keys` does not list (the suites found
+    no graph for it: a bare `KeyError: 'both'`, before check-target asked)."""
+    return WithDecodeGraphs("graph-key-not-declared", decode_graph_key=lambda adapter: lambda generating: "both")
+
+
+def graph_select_refuses() -> WithDecodeGraphs:
+    """`select_decode_graph` refuses a key `decode_graph_keys` declares."""
+
+    def select(adapter: Any) -> Callable[[str | None], None]:
+        original = adapter.select_decode_graph
+
+        def select_decode_graph(key: str | None) -> None:
+            if key == "gen_only":
+                raise ValueError("no gen-only graph in this build")
+            original(key)
+
+        return select_decode_graph
+
+    return WithDecodeGraphs("graph-select-refuses", select_decode_graph=select)

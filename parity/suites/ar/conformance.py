@@ -58,6 +58,66 @@ def _check_site(checks: Checks, adapter: Any, site: Any, ids: torch.Tensor) -> N
             )
 
 
+# The batches `decode_graph_key` is asked about, one host value per row (docs/targets.md §3.2):
+# True a gen token, False a text token, None a row whose kind the host does not know.
+KEY_BATCHES = (
+    ("all text", [False, False]),
+    ("all gen", [True, True]),
+    ("mixed", [False, True]),
+    ("a row of unknown kind", [None, False]),
+)
+
+
+def _check_decode_graphs(checks: Checks, adapter: Any, width: int, device: str) -> None:
+    """The mask-keyed decode graph members (docs/targets.md §3.2), when `decode_graph_keys` is
+    declared: every key selectable with a decode step of the right shape after it (the suites
+    capture one graph per key), None restoring the default, and `decode_graph_key` answering a
+    declared key for each kind of batch (the suites replay the graph of the key it answers)."""
+    keys = getattr(adapter, "decode_graph_keys", None)
+    if not keys:
+        checks.checked.append("decode_graph_keys not declared: one decode graph per batch size")
+        return
+    if not checks.expect(
+        isinstance(keys, (tuple, list)) and all(isinstance(k, str) and k for k in keys) and len(set(keys)) == len(keys),
+        f"decode_graph_keys must be a tuple of distinct non-empty str keys, got {keys!r}"[:300],
+    ):
+        return
+    members = [m for m in ("select_decode_graph", "decode_graph_key") if not callable(getattr(adapter, m, None))]
+    if not checks.expect(not members, f"declares decode_graph_keys {tuple(keys)} but lacks {', '.join(members)}"):
+        return
+
+    def called(call: str, fn: Any) -> tuple[bool, Any]:
+        """`checks.attempt`, and whether the call returned (a raise is already a problem)."""
+        problems = len(checks.problems)
+        value = checks.attempt(call, fn)
+        return len(checks.problems) == problems, value
+
+    ids = torch.zeros(1, 1, dtype=torch.long, device=device)  # as the suites capture: all-zero ids and positions
+    position = torch.zeros(1, dtype=torch.long, device=device)
+    for key in keys:
+        selected, _ = called(f"select_decode_graph({key!r})", lambda key=key: adapter.select_decode_graph(key))
+        if not selected:
+            continue
+        stepped, step = called(f"decode_step after select_decode_graph({key!r})", lambda: adapter.decode_step(ids, position))
+        if stepped:
+            checks.expect(
+                _is_tensor(step, 1, width),
+                f"decode_step(ids [1, 1], positions [1]) after select_decode_graph({key!r}) must return [1, {width}], "
+                f"got {shape_text(step)}",
+            )
+    called("select_decode_graph(None)", lambda: adapter.select_decode_graph(None))
+    wrong = []
+    for kind, generating in KEY_BATCHES:
+        answered, key = called(f"decode_graph_key({generating})", lambda rows=generating: adapter.decode_graph_key(list(rows)))
+        if answered and not (isinstance(key, str) and key in keys):
+            wrong.append(f"{key!r} for {generating} ({kind})")
+    checks.expect(
+        not wrong,
+        f"decode_graph_key(generating) must answer one of decode_graph_keys {tuple(keys)}: returned {', '.join(wrong)}"[:500],
+    )
+    checks.checked.append(f"decode graphs {tuple(keys)}: each selectable, None restores; decode_graph_key answers a declared key")
+
+
 def probe(target: Any, device: str) -> list[str]:
     config = ar_config("tiny")
     width, hidden, layers = config.logits_width, config.hidden_size, config.num_hidden_layers
@@ -164,6 +224,7 @@ def probe(target: Any, device: str) -> list[str]:
         f"decode_step(ids [1, 1], positions [1]) must return [1, {width}], got {shape_text(step)}",
         f"decode_step -> [1, {width}]",
     )
+    _check_decode_graphs(checks, adapter, width, device)
     generated = checks.attempt("greedy_generate(ids, 2)", lambda: adapter.greedy_generate(ids, 2))
     if generated is not None:
         tokens, step_logits = getattr(generated, "tokens", None), getattr(generated, "step_logits", None)

@@ -31,12 +31,16 @@ from parity.compare import (
     TIE_FLIP,
     TensorDiff,
     Verdict,
+    better_of,
     classify_decision,
     count_rule,
     diff,
+    with_rule,
 )
+from parity.contract import requirement
 from parity.runners import make_runner
 from parity.suites.ar.support import CASES, ARModels, DecodeSettings, judge
+from parity.target import TargetError
 
 SETTINGS: DecodeSettings = CASES["decode_settings"]
 
@@ -103,11 +107,21 @@ class DecodeGraphs:
     def keyed(self) -> bool:
         return self.keys != (None,)
 
-    def key_for(self, generating: Sequence[bool]) -> str | None:
-        """The target's pick for a batch whose rows are (True) or are not generating."""
-        return self.target.decode_graph_key(list(generating)) if self.keyed else None
+    def key_for(self, generating: Sequence[bool | None]) -> str | None:
+        """The target's pick for a batch whose rows are (True) or are not generating; a pick that is
+        no declared key is the target's error, named (docs/targets.md §3.2)."""
+        if not self.keyed:
+            return None
+        key = self.target.decode_graph_key(list(generating))
+        if not (isinstance(key, str) and key in self.keys):
+            keys = requirement("decode_graph_keys")
+            raise TargetError(
+                f"the {self.target.name} target's decode_graph_key({list(generating)}) returned {key!r}: expected one of "
+                f"its {keys.words} {self.keys} ({keys.cite}; parity check-target asks it too)"
+            )
+        return key
 
-    def run(self, ids: torch.Tensor, positions: torch.Tensor, generating: Sequence[bool] | None = None) -> Any:
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, generating: Sequence[bool | None] | None = None) -> Any:
         """Replay the graph for this batch; `generating` is the host's per-row state. Without it the
         harness plays a synchronous engine, which holds the tokens it sampled (and feeds) on the
         host: they are read here, outside any graph."""
@@ -203,7 +217,7 @@ def tie_verdict(
             f"top-2 margin {margin:.3g} at |logit| {magnitude:.3g}{noise_text} ({verdict})"
         )
     worst = FAIL if FAIL in verdicts else TIE_FLIP
-    return worst, "; ".join(details) + f" [{SETTINGS.reason}]"
+    return worst, with_rule("; ".join(details), SETTINGS.reason)
 
 
 def judge_free_running(
@@ -213,13 +227,15 @@ def judge_free_running(
     steps, batch = reference.steps, reference.tokens.shape[0]
     diverged = first_divergence(reference.tokens, tokens)
     matched = steps if diverged is None else diverged
+    rule = ""  # a divergence is judged by the decode settings' tie rule, whose reason ends the detail
     if diverged is None:
         verdict, detail = PASS, f"all {steps} greedy tokens of {batch} row(s) equal the reference's"
     else:
         verdict, detail = tie_verdict(
             models.dtype, reference.step_logits, reference.tokens, tokens, diverged, reference.golden, step_logits
         )
-    matched_verdict = Verdict(verdict, "matched_steps", matched, steps, detail)
+        rule = SETTINGS.reason
+    matched_verdict = Verdict(verdict, "matched_steps", matched, steps, detail, better=better_of("matched_steps"), rule=rule)
 
     if matched == 0:
         return FreeRunning(matched_verdict, None, None, "step_logits")
@@ -345,10 +361,9 @@ def write_teacher_forced(report: Any, result: TeacherForced, *, case: str, mode:
                 value=getattr(bucket.measured, metric),
                 verdict=bucket.verdict.verdict,
                 detail=bucket.measured.name,
-                better="lower",
                 **where,
             )
-    report.verdict(result.compared, case=case, mode=mode, site="teacher_forced", better="equal")
+    report.verdict(result.compared, case=case, mode=mode, site="teacher_forced")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -317,6 +317,26 @@ def _decode_resets_mask() -> None:
     lm.forward = forward
 
 
+@mutant(
+    "greedy-gen-column-as-token",
+    defect=(
+        "greedy decoding hands back the argmax logits column as the token id: right while the gen start is "
+        "the text table's size, but in the Dev layout (docs/checkpoints.md §4) every gen token comes out as "
+        "an id of neither table"
+    ),
+    suite="decode",
+    tests=("parity/suites/ar/test_decode.py", "-k", "greedy and dev-layout and eager"),
+    stage_note=(
+        "the step logits are right (teacher-forced decode passes); the defect is the token read off them, after "
+        "the heads, which no stage holds: matched_steps names the step and both tokens"
+    ),
+)
+def _gen_column_as_token() -> None:
+    from serving_models.ar import config as ar_config
+
+    ar_config.MammothModa2ARConfig.token_of_column = lambda self, column: column
+
+
 def _probe_warning(every_call: bool) -> None:
     from serving_models.common import capture
 

@@ -69,6 +69,10 @@ class DecodeCase:
     prompt: PromptRows
     steps: Steps
     require_crossing: bool
+    # Ids between the text table's end and the gen start (the Dev layout, docs/checkpoints.md §4):
+    # the case runs on models rebuilt through `build_ar` with a text table this much shorter than
+    # the gen start (`vocab_gap_models`); 0, the checkpoint's own layout.
+    vocab_gap: Count = 0
 
     def __post_init__(self) -> None:
         _equal_rows(self.prompt)
@@ -262,6 +266,23 @@ def build_ar_models(settings: RunSession, target: Target, tmp_path_factory: pyte
         del state
         golden = ar_golden.from_draws(config, seed, device)
     return ARModels(model, reference, golden, config, settings.size, device, dtype, checkpoint, seed)
+
+
+def vocab_gap_models(models: ARModels, target: Target, gap: int) -> ARModels:
+    """`models` rebuilt in the Dev vocabulary layout (docs/checkpoints.md §4): the text table `gap`
+    rows shorter than the gen start, the gen ids where they were; the target through `build_ar`, the
+    reference and the fp64 golden from the same seeded draws, on the same device and dtype."""
+    if not 0 < gap < models.config.vocab_size:
+        raise ValueError(
+            f"cases/ar.toml: vocab_gap {gap} must lie in [1, {models.config.vocab_size - 1}] (the text table's size)"
+        )
+    config = dataclasses.replace(models.config, vocab_size=models.config.vocab_size - gap)
+    state = random_state_dict(config, models.seed, models.device, models.dtype)
+    variant = target.build_ar(config, state, models.device, models.dtype)
+    reference = ReferenceARAdapter.build(config, state, models.device, models.dtype)
+    truth = random_state_dict(config, models.seed, models.device, torch.float64)
+    golden = ReferenceARAdapter.build(config, truth, models.device, torch.float64)
+    return ARModels(variant, reference, golden, config, models.size, models.device, models.dtype, None, models.seed)
 
 
 def full_size_need(config: Any, dtype: torch.dtype) -> dict[str, int]:

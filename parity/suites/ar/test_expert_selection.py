@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 
-from parity.compare import AT_MOST, EXACTLY, HIGHER, better_of, count_rule, diff, equality_rule, flag_rule
+from parity.compare import AT_MOST, EXACTLY, HIGHER, count_rule, diff, equality_rule, flag_rule
 from parity.contract import requirement
 from parity.runners import make_runner
 from parity.suites.ar.decode import DecodeGraphs
@@ -119,7 +119,6 @@ def _judge_against_golden(report, models, mode: str, case: str, ids, eager_logit
             metric=metric,
             value=getattr(measured, metric),
             verdict=verdict.verdict,
-            better=better_of(metric),
         )
 
 

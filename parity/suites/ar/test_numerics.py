@@ -17,13 +17,11 @@ import dataclasses
 import pytest
 import torch
 
-from parity.compare import EXACTLY, better_of, count_rule, diff, noise_floor_multiplier
+from parity.compare import EXACTLY, count_rule, diff, noise_floor_multiplier
 from parity.runners import make_runner
 from parity.suites.ar.localise import explain_forward
-from parity.suites.ar.support import PROMPTS, TOL, Prompt, ids_of, judge, moe_taps, skip_full_size_compile
+from parity.suites.ar.support import PROMPTS, TOL, Prompt, ids_of, judge, moe_taps, skip_full_size_compile, vocab_gap_models
 from parity.suites.conftest import require_graph_support
-from reference_models.ar.adapter import ReferenceARAdapter
-from reference_models.checkpoints import random_state_dict
 
 pytestmark = [pytest.mark.parity_suite("numerics"), pytest.mark.parity_keep_compile_cache]
 
@@ -61,7 +59,6 @@ def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_m
                 metric=metric,
                 value=getattr(measured, metric),
                 verdict=verdict.verdict,
-                better=better_of(metric),
             )
         if first is None and not verdict.ok:
             first = f"{site} row {_worst_row(reference, candidate)} (largest |d| {measured.max_abs:.3g})"
@@ -72,7 +69,6 @@ def test_target_matches_reference_layer_by_layer(prompt: Prompt, mode: str, ar_m
         site="logits",
         metric="argmax_agree",
         value=agree,
-        better="higher",
         detail="fraction of positions whose argmax token matches the reference's",
     )
     report.info(
@@ -99,13 +95,8 @@ def test_text_table_shorter_than_gen_start(ar_models, report, target) -> None:
     models = ar_models
     if models.size != "tiny":
         pytest.skip("the Dev vocabulary layout runs at tiny size: a 16-id gap is the same code path as Dev's 128")
-    config = dataclasses.replace(models.config, vocab_size=models.config.vocab_size - DEV_VOCAB_GAP)
-    state = random_state_dict(config, models.seed, models.device, models.dtype)
-    variant = target.build_ar(config, state, models.device, models.dtype)
-    reference = ReferenceARAdapter.build(config, state, models.device, models.dtype)
-    golden = ReferenceARAdapter.build(
-        config, random_state_dict(config, models.seed, models.device, torch.float64), models.device, torch.float64
-    )
+    dev = vocab_gap_models(models, target, DEV_VOCAB_GAP)
+    config, variant, reference, golden = dev.config, dev.target, dev.reference, dev.golden
     start, text_end, gen_end = (
         config.gen_vocab_start_index,
         config.vocab_size,

@@ -71,7 +71,6 @@ def test_every_checkpoint_tensor_is_read(implementation: str, tiny_checkpoint, t
         case=case,
         metric="fraction_read",
         value=result.fraction,
-        better="higher",
         detail=f"{len(result.read)} of {len(names)} tensors read over {len(_calls(adapter, device))} calls",
     )
     tensors = {name: tensor for path in checkpoint_files(tiny_checkpoint) for name, tensor in load_file(path).items()}

@@ -41,6 +41,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from parity.compare import better_of
 from parity.env import device_name
 from parity.observe.regional import compile_repeated_blocks
 from parity.runners import make_runner
@@ -214,7 +215,6 @@ def test_decode_step_blend_tax_and_graph_speedup(ar_pair, settings, report, benc
         case="copy-bandwidth",
         metric="copy_bandwidth_gb_s",
         value=bandwidth / 1e9,
-        better="higher",
         detail="device-to-device copy, bytes read + written, median of 10",
     )
     generator = torch.Generator().manual_seed(settings.seed)
@@ -305,9 +305,7 @@ def _decode_ratios(report, case: str, config, blended, batch: int, plan: Plan, b
     for metric, (num, den, detail) in ratios.items():
         if num in timings and den in timings:
             value = timings[num] / timings[den]
-            report.record(
-                case=case, metric=metric, value=value, detail=detail, better="higher" if "speedup" in metric else "lower"
-            )
+            report.record(case=case, metric=metric, value=value, detail=detail, better=better_of(metric))
     element = next(blended.module.parameters()).element_size()
     kv = _kv_bytes(config, batch, plan.context, element)
     if "graph_blend" in timings and "graph_single" in timings:
@@ -317,7 +315,7 @@ def _decode_ratios(report, case: str, config, blended, batch: int, plan: Plan, b
             case=case,
             metric="blend_tax_vs_bytes",
             value=timings["graph_blend"] / timings["graph_single"] / bytes_ratio,
-            better="lower",
+            better=better_of("blend_tax_vs_bytes"),
             detail=f"blend_tax / the ratio of bytes the blend and the single-expert step read ({bytes_ratio:.3f}); "
             "at most 1: the blend costs no more than the weights it must read",
         )
@@ -331,7 +329,7 @@ def _decode_ratios(report, case: str, config, blended, batch: int, plan: Plan, b
             case=case,
             metric=f"hbm_floor_ratio_{name.removeprefix('graph_')}",
             value=ms / floor_ms,
-            better="lower",
+            better=better_of("hbm_floor_ratio_*"),
             detail=(
                 f"{name} step / ({step_bytes / 1e9:.2f} GB read per step at {bandwidth / 1e9:.0f} GB/s = {floor_ms:.3f} ms); "
                 f"{floor_ms / ms:.2f} of the floor"
@@ -374,7 +372,7 @@ def test_dit_regional_compile_speedup(dit_model, settings, report, benchmark) ->
         case=case,
         metric="compile_speedup",
         value=eager_ms / compiled_ms,
-        better="higher",
+        better=better_of("compile_speedup"),
         detail=f"eager / regional compile; {compiled.count} TransformerBlock modules compiled",
     )
 
@@ -456,6 +454,6 @@ def test_dit_attention_without_kv_copies(dit_model, settings, report, benchmark)
                 case=case,
                 metric=f"gqa_vs_repeat_kv_{metric.removesuffix('_ms').removesuffix('_mib')}_{'time' if metric.endswith('ms') else 'memory'}",
                 value=native / repeated,
-                better="lower",
+                better=better_of("gqa_vs_repeat_kv_*"),
                 detail=f"native GQA / K and V repeated per query head: {native:.3f} vs {repeated:.3f} {metric.rsplit('_', 1)[1]}; {heads}",
             )

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from parity.cases import Count, NonNegative, Range, Seed, Steps, Table, check_safe_name, load_case_file
+from parity.compare import better_of
 from parity.compare.images import psnr
 from parity.contract import requirement
 from parity.observe.compile_ledger import CompileLedger, short_reason  # noqa: F401 - re-exported for the DiT suites
@@ -404,7 +405,7 @@ def record_regional(report: Any, regional: Any, backend: str) -> bool:
         threshold=1,
         verdict=row["verdict"],
         detail=f"{row['detail']}; {COMPILE.words}, backend={backend} ({REGIONAL.words}, {REGIONAL.cite}; {COMPILE.cite})",
-        better="higher",
+        better=better_of("regional_modules_compiled"),
     )
     return regional.count >= 1
 
@@ -443,5 +444,5 @@ def record_block_compiles(report: Any, ledger: CompileLedger, codes: list[Any], 
         verdict="pass" if ok else "fail",
         detail=f"{compiles} compiles of {site}, {calls} calls through the compiled forward, "
         f"{len(fallbacks)} recompile-limit fallbacks to eager (all frames compiled: {ledger.compiles()})",
-        better="higher",
+        better=better_of("block_compiles"),
     )

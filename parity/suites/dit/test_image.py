@@ -122,9 +122,9 @@ def judge_pair(
         f"{cand_name} vs {comp_name}: {cand_path} vs {comp_path}; data_range={p.data_range:g}; "
         f"identical={p.identical}; max diff {levels} levels"
     )
-    report.info(metric="psnr", value=p.value, detail=pair, better="higher", **where)
+    report.info(metric="psnr", value=p.value, detail=pair, **where)
     detail = f"{pair}; SSIM Gaussian sigma 1.5 over RGB (channel_axis=-1)"
-    report.info(metric="ssim", value=s.value, detail=detail, better="higher", **where)
+    report.info(metric="ssim", value=s.value, detail=detail, **where)
     golden_image, golden_path = golden
     cand = psnr(golden_image, cand_image, data_range=DATA_RANGE).value
     bound, how = image_bound(golden_image, comp_image, threshold)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from parity.compare import Verdict, better_of, diff, flag_rule, golden_noise_rule
+from parity.compare import Verdict, diff, flag_rule, golden_noise_rule
 from parity.suites.conftest import require_graph_support
 from parity.suites.dit.localise import explain_compile_only, explain_forward
 from parity.suites.dit.support import (
@@ -55,7 +55,7 @@ def judge(
     verdict = report.verdict(verdict, **where)
     measured = diff(golden, candidate, name=f"{name} vs fp64 golden")
     for metric in ("max_abs", *INFO_METRICS):
-        report.info(metric=metric, value=getattr(measured, metric), detail=measured.name, better=better_of(metric), **where)
+        report.info(metric=metric, value=getattr(measured, metric), detail=measured.name, **where)
     return verdict
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from parity.compare import AT_LEAST, AT_MOST, FIXED, MEASURED, count_rule
 from parity.report.review import load_review
-from parity.report.rows import COLUMNS, RESULTS_FILE
+from parity.report.schema import COLUMNS, RESULTS_FILE
 
 pytestmark = pytest.mark.parity_suite("selfcheck")
 

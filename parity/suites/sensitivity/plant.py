@@ -42,7 +42,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from parity.compare import EQUAL, ERROR, NOT_APPLICABLE, Verdict, flag_rule
+from parity.compare import ERROR, NOT_APPLICABLE, Verdict, better_of, flag_rule
 from parity.suites.sensitivity.catalogue import LANES, Kill, NotApplicable, lane_of
 from parity.target import FAMILIES, TargetError, family_gap, resolve_target
 
@@ -403,7 +403,7 @@ def kill_verdict(entry: Planted, code: int, rows: pd.DataFrame | None, tail: str
             None,
             None,
             f"{entry.defect} || could not be planted on the {where}: {str(killers.iloc[0]['detail'])[:300]}",
-            better=EQUAL,
+            better=better_of("killed"),
         )
     killers = killers[~unplanted]
     if code != 0 and not killers.empty:
@@ -423,7 +423,7 @@ def kill_verdict(entry: Planted, code: int, rows: pd.DataFrame | None, tail: str
             None,
             None,
             f"{entry.defect} || not applicable on this target: every {entry.suite} test of its selection skipped: {reasons[:400]}",
-            better=EQUAL,
+            better=better_of("killed"),
         )
     return flag_rule(
         False,

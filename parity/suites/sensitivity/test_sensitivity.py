@@ -14,13 +14,14 @@ first of them only, or not at all when this run runs them itself: `runs.SEED_IND
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from parity.compare import EQUAL, NOT_APPLICABLE, Verdict, flag_rule
+from parity.compare import NOT_APPLICABLE, Verdict, better_of, flag_rule, with_rule
 from parity.localise.rows import BLAME_METRIC
 from parity.suites.sensitivity.catalogue import NotApplicable, lane_of
 from parity.suites.sensitivity.runs import (
@@ -73,7 +74,7 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
                 None,
                 None,
                 f"{mutant.defect} || not applicable on the {lane} lane: {kill.reason}",
-                better=EQUAL,
+                better=better_of("killed"),
             ),
             case=name,
             mode=mutant.suite,
@@ -91,9 +92,8 @@ def test_mutant_is_killed(name: str, report, settings, sessions, tmp_path: Path)
         )
     else:
         detail = f"SURVIVED on the {where}: exit {code}, no failing {mutant.suite} row ({tail[:300]})"
-    if kill.why:
-        detail += f" [{kill.why}]"
-    report.verdict(flag_rule(killed, metric="killed", detail=f"{mutant.defect} || {detail}"), case=name, mode=mutant.suite)
+    verdict = flag_rule(killed, metric="killed", detail=with_rule(f"{mutant.defect} || {detail}", kill.why))
+    report.verdict(dataclasses.replace(verdict, rule=kill.why), case=name, mode=mutant.suite)
     if killed and (mutant.stage or mutant.stage_note):
         report.verdict(localisation_verdict(mutant, rows), case=name, mode=mutant.suite, site=mutant.stage)
 
@@ -116,7 +116,14 @@ def localisation_verdict(mutant, rows: pd.DataFrame | None) -> Verdict:
     seen = ", ".join(f"{site} x{named.count(site)}" for site in dict.fromkeys(named)) or "no stage (no case was localised)"
     if mutant.stage_note:  # in no one stage, or in one the chain cannot name (the catalogue says why)
         what = f"a known miss of {mutant.stage}" if mutant.stage else "in no one stage"
-        return Verdict(NOT_APPLICABLE, "localised_stage", None, None, f"{what}: {mutant.stage_note}; named: {seen}", better=EQUAL)
+        return Verdict(
+            NOT_APPLICABLE,
+            "localised_stage",
+            None,
+            None,
+            f"{what}: {mutant.stage_note}; named: {seen}",
+            better=better_of("localised_stage"),
+        )
     ok = bool(named) and set(named) == {mutant.stage}
     return flag_rule(ok, metric="localised_stage", detail=f"expected {mutant.stage}; named: {seen}")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from parity.compare import EQUAL, NOT_APPLICABLE, Verdict, flag_rule
+from parity.compare import NOT_APPLICABLE, Verdict, better_of, flag_rule, with_rule
 from parity.suites.sensitivity.catalogue import lane_of
 from parity.suites.sensitivity.plant import PLANTED, kill_verdict, lane_kill, not_applicable, provided_families
 from parity.suites.sensitivity.runs import (
@@ -61,7 +61,7 @@ def test_planted_mutant_is_killed(name: str, report, settings, target, sessions,
     lane = lane_of(settings.device)
     reason = not_applicable(entry, lane, provided_families(target))
     if reason is not None:
-        verdict = Verdict(NOT_APPLICABLE, "killed", None, None, f"{entry.defect} || {reason}", better=EQUAL)
+        verdict = Verdict(NOT_APPLICABLE, "killed", None, None, f"{entry.defect} || {reason}", better=better_of("killed"))
         report.verdict(verdict, case=name, mode=entry.suite, site=entry.surface)
         return
     kill = lane_kill(entry, settings.device, settings.tp)
@@ -71,7 +71,7 @@ def test_planted_mutant_is_killed(name: str, report, settings, target, sessions,
     where = f"{lane} lane, {kill.size}" + (f" {kill.dtype}" if kill.dtype else "") + (f", tp {kill.tp}" if kill.tp > 1 else "")
     verdict = kill_verdict(entry, code, rows, tail, where)
     if kill.why:
-        verdict = dataclasses.replace(verdict, detail=f"{verdict.detail} [{kill.why}]")
+        verdict = dataclasses.replace(verdict, detail=with_rule(verdict.detail, kill.why), rule=kill.why)
     report.verdict(verdict, case=name, mode=entry.suite, site=entry.surface)
 
 
