@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from parity.report.case_lines import failing_case_lines
-from parity.report.rows import COLUMNS
+from parity.report.schema import COLUMNS
 
 LINES_PROPERTY = "parity_case_lines"  # a test report's user property: its failing cases' lines
 

@@ -1,0 +1,68 @@
+"""Verdicts as soon as they are known (docs/cli.md §11): a full `parity run` (no --quick) of a
+target with a planted numerics defect prints the failing case's one-line verdict when its test is
+judged, before any expert_selection test ran, and `-x` stops the run there with its rows kept.
+
+Read from the order of the output lines (pytest -v names each test as it ends), never a clock.
+Each check is shown red on a switched-off variant: the live lines unregistered (the line then
+only comes in the summary), and expert selection ordered ahead of numerics
+(tests/support/order_switches.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from parity.report import read_results
+from parity.report.schema import NOT_PROVIDED
+from tests.support.helpers import run_parity
+from tests.support.stage_defects import DEFECTS
+
+pytestmark = [pytest.mark.parity_cpu, pytest.mark.parity_slow]
+
+DEFECT = DEFECTS["engine-eps-outside-sqrt"]  # layer 0's norm: numerics in eager finds it at once
+
+
+def _run(tmp_path: Path, *pytest_args: str) -> tuple[int, list[str], Path]:
+    done = run_parity(
+        ["run", "--target", DEFECT.factory, "--report-dir", str(tmp_path), "--run-id", "r", "--", "-x", "-v", *pytest_args]
+    )
+    return done.returncode, (done.stdout + done.stderr).splitlines(), tmp_path / "r"
+
+
+def live_line(lines: list[str]) -> int | None:
+    """Where the numerics failure's own line is, if it came before pytest's failure report."""
+    end = next((i for i, line in enumerate(lines) if "= FAILURES =" in line), len(lines))
+    return next(
+        (i for i, line in enumerate(lines[:end]) if line.startswith("FAILED numerics: ") and DEFECT.stage in line),
+        None,
+    )
+
+
+def expert_selection_before(lines: list[str], index: int) -> list[str]:
+    return [line for line in lines[:index] if "test_expert_selection.py::" in line]
+
+
+def test_a_numerics_defect_is_printed_before_expert_selection_runs(tmp_path: Path) -> None:
+    code, lines, run_dir = _run(tmp_path)
+    assert code == 1, "\n".join(lines[-40:])
+    index = live_line(lines)
+    assert index is not None, "no live numerics line before the failure report:\n" + "\n".join(lines[-60:])
+    assert expert_selection_before(lines, index) == []
+    # -x: the run stopped at that case, kept its rows and says it stopped early
+    assert not any("test_expert_selection.py::" in line for line in lines)
+    rows = read_results(run_dir / "results.csv")
+    ran = rows[rows["metric"] != NOT_PROVIDED]  # the suites of the families the example lacks: one row each
+    assert set(ran["suite"]) == {"numerics"} and (ran["verdict"] == "fail").any()
+    assert any("stopped early" in line for line in lines)
+
+
+def test_the_live_line_check_goes_red_without_the_live_lines(tmp_path: Path) -> None:
+    _, lines, _ = _run(tmp_path, "-p", "no:parity-live-verdicts")
+    assert live_line(lines) is None
+
+
+def test_the_order_check_goes_red_with_expert_selection_first(tmp_path: Path) -> None:
+    _, lines, _ = _run(tmp_path, "-p", "tests.support.order_switches")
+    index = live_line(lines)
+    assert index is not None and expert_selection_before(lines, index) != []
