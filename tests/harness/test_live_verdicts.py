@@ -66,3 +66,34 @@ def test_the_order_check_goes_red_with_expert_selection_first(tmp_path: Path) ->
     _, lines, _ = _run(tmp_path, "-p", "tests.support.order_switches")
     index = live_line(lines)
     assert index is not None and expert_selection_before(lines, index) != []
+
+
+def _run_order(tmp_path: Path, *pytest_args: str) -> list[str]:
+    """The node ids of a full run's selection, in the order they would run (`--collect-only`)."""
+    done = run_parity(["run", "--report-dir", str(tmp_path), "--run-id", "c", "--", "--collect-only", "-q", *pytest_args])
+    return [line for line in done.stdout.splitlines() if line.startswith("parity/suites/") and "::" in line]
+
+
+def order_problems(order: list[str]) -> list[str]:
+    """Where the run order breaks the rule of docs/cli.md §11: every numerics test in eager before
+    the first expert_selection test, every eager test before the first compiled-mode one."""
+    def first(pred) -> int:
+        return next((i for i, node in enumerate(order) if pred(node)), len(order))
+
+    def last(pred) -> int:
+        return max((i for i, node in enumerate(order) if pred(node)), default=-1)
+
+    problems = []
+    numerics_eager = last(lambda n: "test_numerics.py::" in n and "[eager" in n)
+    if numerics_eager > first(lambda n: "test_expert_selection.py::" in n):
+        problems.append("a numerics test in eager runs after the first expert_selection test")
+    if last(lambda n: "[eager" in n and "/sensitivity/" not in n) > first(lambda n: "[compiled" in n):
+        problems.append("an eager test runs after the first compiled-mode test")
+    return problems
+
+
+def test_a_full_runs_order_puts_numerics_in_eager_first(tmp_path: Path) -> None:
+    order = _run_order(tmp_path)
+    assert len(order) > 800, "the full lane's selection was not listed"
+    assert order_problems(order) == []
+    assert order_problems(_run_order(tmp_path, "-p", "tests.support.order_switches")) != []  # switched off: red
