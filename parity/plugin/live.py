@@ -52,7 +52,7 @@ class LiveVerdicts:
         self.config = config
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        lines = dict(report.user_properties).get(LINES_PROPERTY)
+        lines: Any = dict(report.user_properties).get(LINES_PROPERTY)  # a list of str (`attach`)
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if not lines or terminal is None:
             return

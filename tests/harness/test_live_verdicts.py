@@ -77,6 +77,7 @@ def _run_order(tmp_path: Path, *pytest_args: str) -> list[str]:
 def order_problems(order: list[str]) -> list[str]:
     """Where the run order breaks the rule of docs/cli.md §11: every numerics test in eager before
     the first expert_selection test, every eager test before the first compiled-mode one."""
+
     def first(pred) -> int:
         return next((i for i, node in enumerate(order) if pred(node)), len(order))
 

@@ -34,7 +34,9 @@ def plan_problems(plan: QuickPlan, tests: dict[str, str]) -> list[str]:
         if count != 1:
             problems.append(f"{test} is named {count} times in cases/quick.toml (once: [[run]] or [[leave_out]])")
     files = set(tests.values())
-    problems += [f"cases/quick.toml names {name}, which is no suite test" for name in names if name not in tests and name not in files]
+    problems += [
+        f"cases/quick.toml names {name}, which is no suite test" for name in names if name not in tests and name not in files
+    ]
     problems += [f"cases/quick.toml [[run]] {name} keeps no case" for name, run in plan.runs.items() if not run.cases]
     return problems
 

@@ -1,6 +1,6 @@
 """A switched-off run order, as a pytest plugin (`-p tests.support.order_switches`): expert
-selection moved ahead of numerics in `parity.suites.conftest.SUITE_ORDER`, the order before
-issue 51 in miniature (its compiles before the one eager forward that finds most defects). The
+selection moved ahead of numerics in `parity.suites.conftest.SUITE_ORDER`, the former order in
+miniature (its compiles before the one eager forward that finds most defects). The
 test that a numerics defect is printed before expert selection runs must go red under it
 (tests/harness/test_live_verdicts.py)."""
 
