@@ -303,9 +303,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = keep
     if session.quick:  # the quick lane's tests only, compiled without code generation (docs/cli.md §11)
         from parity.observe.dynamic import generate_no_code
-        from parity.plugin.quick import select
+        from parity.plugin.quick import QuickPlanError, select
 
-        generate_no_code(select(config, items).lane.compile_backend)
+        try:
+            plan = select(config, items)
+        except QuickPlanError as exc:
+            usage_error(config, str(exc), items)
+            return
+        generate_no_code(plan.lane.compile_backend)
         config.add_cleanup(lambda: generate_no_code(None))  # a later session in this process compiles as ever
     _deselect_resumed(config, items)
     # A case file that could not be read stops the session only when a selected test reads it

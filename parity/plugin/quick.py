@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from parity.cases import Table, load_case_file
+from parity.cases import Table, Unavailable, load_case_file
 
 QUICK_FILE = "quick.toml"
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
@@ -51,6 +51,10 @@ SCHEMA = {
 }
 
 
+class QuickPlanError(ValueError):
+    """cases/quick.toml cannot select: unreadable, or a `[[run]]` that keeps none of its test's cases."""
+
+
 @dataclasses.dataclass(frozen=True)
 class QuickPlan:
     """The quick lane's selection, read from `cases/quick.toml`."""
@@ -61,7 +65,14 @@ class QuickPlan:
 
     @classmethod
     def load(cls) -> QuickPlan:
+        """The plan; a `QuickPlanError` with the case file's own line where it cannot be read."""
         tables: Any = load_case_file(QUICK_FILE, SCHEMA)
+        if isinstance(tables, Unavailable):  # read while the session collects: its error deferred
+            raise QuickPlanError(tables.error)
+        named = [r.test for r in [*tables["run"], *tables["leave_out"]]]
+        twice = sorted({test for test in named if named.count(test) > 1})
+        if twice:  # the built-in file and a --cases directory's both naming a test, or one file twice
+            raise QuickPlanError(f"cases/{QUICK_FILE}: {twice[0]} is named more than once ([[run]] or [[leave_out]])")
         return cls(tables["lane"], {r.test: r for r in tables["run"]}, {r.test: r for r in tables["leave_out"]})
 
     def decide(self, item: pytest.Item) -> str | None:
@@ -114,10 +125,20 @@ def case_id(item: pytest.Item) -> str:
     return "-".join(parts)
 
 
-def select(config: pytest.Config, items: list[pytest.Item]) -> QuickPlan:
-    """Keep the quick lane's tests among `items` (the others deselected); the plan."""
-    plan = QuickPlan.load()
+def select(config: pytest.Config, items: list[pytest.Item], plan: QuickPlan | None = None) -> QuickPlan:
+    """Keep the quick lane's tests among `items` (the others deselected); the plan. A `[[run]]`
+    whose test was selected but none of whose cases is kept is a `QuickPlanError`."""
+    plan = plan or QuickPlan.load()
     drop = [item for item in items if plan.decide(item) is not None]
+    kept = {test_key(item) for item in items} - {test_key(item) for item in drop}
+    for key in sorted({test_key(item) for item in drop} - kept):
+        run = plan.runs.get(key or "")
+        if run is not None and not any(plan.decide(item) is None for item in items if test_key(item) == key):
+            ids = sorted({case_id(item) for item in items if test_key(item) == key})
+            raise QuickPlanError(  # a renamed case must not drop its test out of the lane unseen
+                f"cases/{QUICK_FILE}: [[run]] {key} keeps none of its cases ({', '.join(run.cases)}); "
+                f"its cases: {', '.join(ids) or '(none)'}"
+            )
     if drop:
         dropped = {id(item) for item in drop}
         config.hook.pytest_deselected(items=drop)

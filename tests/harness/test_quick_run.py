@@ -7,12 +7,14 @@ full run, which is what a full lane's baseline of these cases holds."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from parity.plugin.quick import QuickPlan
+from parity.plugin.quick import SUITES_DIR, QuickPlan, QuickPlanError, select
 from parity.report import read_results
 from parity.report.quick import is_quick, mismatch_note, quick_size
 from tests.support.helpers import run_parity
@@ -70,3 +72,36 @@ def test_the_mismatch_note_names_both_directions_and_goes_quiet_for_like_runs() 
     assert "this run is a quick run" in mismatch_note("tiny", "tiny-quick")
     assert "the baseline is a quick run" in mismatch_note("tiny-quick", "tiny")
     assert mismatch_note("tiny", "tiny") == mismatch_note("tiny-quick", "tiny-quick") == ""
+
+
+def _item(test: str, case: str, mode: str) -> SimpleNamespace:
+    """What the quick lane reads of a collected suite test (`parity.plugin.quick.decide`)."""
+    file, function = test.split("::")
+    callspec = SimpleNamespace(id=f"{mode}-{case}", params={"mode": mode})
+    return SimpleNamespace(path=SUITES_DIR / file, originalname=function, name=f"{function}[{callspec.id}]", callspec=callspec)
+
+
+def test_a_run_entry_that_keeps_none_of_its_cases_stops_the_session() -> None:
+    """A renamed case must not drop its test out of the quick lane unseen."""
+    plan = QuickPlan.load()
+    test = "ar/test_numerics.py::test_first_differing_row_is_the_first_gen_token"
+    config = SimpleNamespace(hook=SimpleNamespace(pytest_deselected=lambda items: None))
+    items = [_item(test, "mixed", "eager"), _item(test, "mixed", "compiled")]
+    kept = list(items)
+    select(config, kept, plan)
+    assert [i.callspec.id for i in kept] == ["eager-mixed"]
+    renamed = dataclasses.replace(plan, runs={**plan.runs, test: dataclasses.replace(plan.runs[test], cases=["renamed"])})
+    with pytest.raises(QuickPlanError, match="keeps none of its cases"):
+        select(config, list(items), renamed)
+
+
+def test_a_case_directory_naming_a_lane_test_again_is_refused_in_one_line(tmp_path: Path) -> None:
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    test = "ar/test_numerics.py::test_first_differing_row_is_the_first_gen_token"
+    (cases / "quick.toml").write_text(f'[[run]]\ntest = "{test}"\ncases = ["renamed"]\nreason = "r"\n')
+    done = run_parity(["run", "--quick", "--suite", "numerics", "--cases", str(cases), "--report-dir", str(tmp_path)])
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("ERROR")]
+    assert done.returncode == 4 and errors == [
+        f"ERROR: cases/quick.toml: {test} is named more than once ([[run]] or [[leave_out]])"
+    ]
