@@ -105,3 +105,21 @@ def test_a_case_directory_naming_a_lane_test_again_is_refused_in_one_line(tmp_pa
     assert done.returncode == 4 and errors == [
         f"ERROR: cases/quick.toml: {test} is named more than once ([[run]] or [[leave_out]])"
     ]
+
+
+def test_the_quick_lane_generates_no_code(tmp_path: Path) -> None:
+    """No Inductor code generation: the lane's compiles (embedding_clamp's compiled lookup and
+    one-frame check) leave an empty Inductor cache directory, which the full lane's fill."""
+
+    def inductor_files(*quick: str) -> list[Path]:
+        cache = tmp_path / f"inductor{len(quick)}"
+        cache.mkdir()
+        done = run_parity(
+            ["run", *quick, "--suite", "embedding_clamp", "--report-dir", str(tmp_path), "--run-id", f"r{len(quick)}"],
+            TORCHINDUCTOR_CACHE_DIR=str(cache),
+        )
+        assert done.returncode == 0, done.stdout[-2000:]
+        return [path for path in cache.rglob("*") if path.is_file()]
+
+    assert inductor_files("--quick") == []
+    assert inductor_files() != []  # the control: the full lane's compiled modes generate code there
