@@ -130,17 +130,17 @@ def select(config: pytest.Config, items: list[pytest.Item], plan: QuickPlan | No
     whose test was selected but none of whose cases is kept is a `QuickPlanError`."""
     plan = plan or QuickPlan.load()
     drop = [item for item in items if plan.decide(item) is not None]
-    kept = {test_key(item) for item in items} - {test_key(item) for item in drop}
-    for key in sorted({test_key(item) for item in drop} - kept):
-        run = plan.runs.get(key or "")
-        if run is not None and not any(plan.decide(item) is None for item in items if test_key(item) == key):
-            ids = sorted({case_id(item) for item in items if test_key(item) == key})
-            raise QuickPlanError(  # a renamed case must not drop its test out of the lane unseen
+    dropped_ids = {id(item) for item in drop}
+    kept = {test_key(item) for item in items if id(item) not in dropped_ids}
+    for key in sorted({key for key in map(test_key, drop) if key is not None} - kept):
+        run = plan.runs.get(key)
+        if run is not None:  # a renamed case must not drop its test out of the lane unseen
+            ids = sorted({case_id(item) for item in drop if test_key(item) == key})
+            raise QuickPlanError(
                 f"cases/{QUICK_FILE}: [[run]] {key} keeps none of its cases ({', '.join(run.cases)}); "
                 f"its cases: {', '.join(ids) or '(none)'}"
             )
     if drop:
-        dropped = {id(item) for item in drop}
         config.hook.pytest_deselected(items=drop)
-        items[:] = [item for item in items if id(item) not in dropped]
+        items[:] = [item for item in items if id(item) not in dropped_ids]
     return plan
