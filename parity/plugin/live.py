@@ -56,6 +56,9 @@ class LiveVerdicts:
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if not lines or terminal is None:
             return
-        terminal.ensure_newline()
+        if self.config.pluginmanager.hasplugin("dsession"):  # xdist's progress letters: no line state to read
+            terminal.write("\n")
+        else:
+            terminal.ensure_newline()
         for line in lines:
             terminal.write_line(f"FAILED {line}", red=True, bold=True)

@@ -98,3 +98,12 @@ def test_a_full_runs_order_puts_numerics_in_eager_first(tmp_path: Path) -> None:
     assert len(order) > 800, "the full lane's selection was not listed"
     assert order_problems(order) == []
     assert order_problems(_run_order(tmp_path, "-p", "tests.support.order_switches")) != []  # switched off: red
+
+
+def test_under_xdist_the_controller_prints_each_line_on_its_own(tmp_path: Path) -> None:
+    """The workers hand the lines over on the test's report; the controller starts each on a line
+    of its own after xdist's progress letters (quick lane, numerics only: seconds)."""
+    args = ["run", "--quick", "-n", "2", "--suite", "numerics", "--target", DEFECT.factory, "--report-dir", str(tmp_path)]
+    done = run_parity(args)
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert live_line(done.stdout.splitlines()) is not None, done.stdout[-3000:]
