@@ -47,7 +47,7 @@ class RegionalCompile:
         )
         return [
             {
-                "metric": "regional_compiled_modules",
+                "metric": "regional_modules_compiled",
                 "value": self.count,
                 "threshold": 1,
                 "verdict": "pass" if self.count >= 1 else "fail",

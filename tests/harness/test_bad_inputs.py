@@ -696,10 +696,11 @@ def test_a_review_with_allow_incomplete_reviews_the_whole_rows(tmp_path: Path, m
 # ---------------------------------------------------------------------------------------------
 
 
-def _no_problems(run_dir: Path) -> Any:
+def _no_problems(self: Any) -> Any:
+    """`Records.check` switched off: the file's whole rows, no record cut short."""
     from parity.report import ResultsCheck
 
-    return ResultsCheck(Path(run_dir) / RESULTS_FILE, 3)
+    return ResultsCheck(self.path, len(self.whole))
 
 
 def _old_tolerance_check(self: Tolerance) -> None:
@@ -737,7 +738,7 @@ def _row(row_id: str) -> Bad:
             lambda patch: patch.setattr("serving_models.ar.model.check_gen_token_mask", lambda *a: None),
         ),
         ("ar-tensor-int", lambda patch: patch.setattr("reference_models.common.hf_checkpoint.check_floating", lambda *a: None)),
-        ("review-torn-last-line", lambda patch: patch.setattr("parity.report.review.check_results", _no_problems)),
+        ("review-torn-last-line", lambda patch: patch.setattr("parity.report.rows.Records.check", property(_no_problems))),
         (
             "review-interrupted-sigint",
             lambda patch: patch.setattr("parity.report.run_files.status_problem", lambda *a, **k: None),

@@ -413,11 +413,13 @@ def test_the_good_run_reviews_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def _no_audit(patch: pytest.MonkeyPatch) -> None:
     from parity.report.audit import Audit
 
-    patch.setattr("parity.report.review.audit_file", lambda source, info=None: Audit(Path(source)))
+    patch.setattr("parity.report.review.audit_records", lambda records, info=None: Audit(records.path))
 
 
 def _lenient_baselines(patch: pytest.MonkeyPatch) -> None:
-    patch.setattr("parity.report.baseline.check_baseline_file", lambda source: None)
+    from parity.report.baseline import load_rows
+
+    patch.setattr("parity.report.review.load_rows", lambda source, strict=False: load_rows(source))
 
 
 def _any_baseline_target(patch: pytest.MonkeyPatch) -> None:
@@ -425,11 +427,11 @@ def _any_baseline_target(patch: pytest.MonkeyPatch) -> None:
 
 
 def _any_review_dir(patch: pytest.MonkeyPatch) -> None:
-    patch.setattr("parity.report.page.check_review_dir", lambda root: None)
+    patch.setattr("parity.report.html.check_review_dir", lambda root: None)
 
 
 def _follow_links(patch: pytest.MonkeyPatch) -> None:
-    patch.setattr("parity.report.review.refuse_link", lambda *a: None)
+    patch.setattr("parity.report.run_files.refuse_link", lambda *a: None)
     patch.setattr("parity.report.page.refuse_link", lambda *a: None)
 
 
@@ -468,6 +470,9 @@ def test_the_checks_are_what_catch_these(row_id: str, tmp_path: Path, monkeypatc
     monkeypatch.chdir(tmp_path)
     row = next(row for row in BAD_INPUTS if row.id == row_id)
     SWITCHED_OFF[row_id](monkeypatch)
-    outcome = row.run(tmp_path)
+    try:
+        outcome = row.run(tmp_path)
+    except Exception:  # the unchecked rows reached a reader that cannot take them: a traceback, no explaining line
+        return
     explaining = [line for line in outcome.output.splitlines() if all(word in line for word in row.expect)]
     assert outcome.code == 0 or not explaining, outcome.output

@@ -257,7 +257,7 @@ def test_a_wrong_family_cannot_hide_a_vanished_case(rule: str, tmp_path: Path, m
     from parity.report.review import load_review
 
     if rule == "family-alone":
-        monkeypatch.setattr("parity.report.baseline.not_compared", _family_alone)
+        monkeypatch.setattr("parity.report.comparison.not_compared", _family_alone)
 
     other_routing_case = {
         "suite": "routing",

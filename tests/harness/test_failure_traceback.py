@@ -46,6 +46,7 @@ SUITE = textwrap.dedent(
             parity_report.record(
                 case="mixed", site=site, metric="rmse_vs_golden", value=0.0025038008, threshold=2.5052859e-08,
                 verdict="fail", detail=f"above noise floor; {site}: ratio=3.1e+05 [{RULE.strip()}]",
+                data={"rule": RULE.strip()},  # as a rule's verdict writes it (docs/reports.md §4)
             )
     """
 )

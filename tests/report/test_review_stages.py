@@ -268,17 +268,17 @@ def test_a_run_without_stage_rows_has_no_such_section(tmp_path: Path) -> None:
 
 def test_the_section_check_sees_a_page_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The broken variant: a page that never reads the stage rows shows no section for a localised case."""
-    from parity.report import page as page_module
+    from parity.report import sections
 
-    monkeypatch.setattr(page_module, "localised_cases", lambda frame: [])
+    monkeypatch.setattr(sections, "localised_cases", lambda frame: [])
     text = (run_with(tmp_path / "run", localised_rows()) / PAGE_FILE).read_text()
     assert 'id="localise"' not in text  # the assertions of the page test above go red
 
 
 def test_beyond_the_cases_drawn_in_full_a_localised_case_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from parity.report import page as page_module
+    from parity.report import sections
 
-    monkeypatch.setattr(page_module, "MAX_LOCALISED", 2)
+    monkeypatch.setattr(sections, "MAX_LOCALISED", 2)
     rows = list(AR_ROWS)
     for case in ("first", "second", "third"):
         rows += [failing_gate(case)] + chain_rows(case, layers=1, blamed="layer.0.attn")

@@ -168,18 +168,17 @@ def test_a_baseline_write_killed_half_way_leaves_the_old_baseline(
 def test_write_baseline_never_rewrites_a_runs_own_results(broken: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`parity review R --write-baseline R/results.csv` (or the option typed before R): the run's
     rows stay; without the check they are rewritten in baseline form, run_id, test, time gone."""
-    monkeypatch.chdir(tmp_path)
-    run_dir = make_run(tmp_path / "reports" / "runs" / "r")
-    before = (run_dir / RESULTS_FILE).read_bytes()
     if broken:
         monkeypatch.setattr("parity.report.baseline.check_baseline_target", Path)
-    for args in (
-        ["review", run_dir, "--write-baseline", run_dir / RESULTS_FILE],
-        ["review", "--write-baseline", run_dir / RESULTS_FILE],
-    ):
-        outcome = cli(*args, "--no-baseline")
+    for form, run_first in (("run-dir-first", True), ("latest-run", False)):  # each form on a run of its own
+        (tmp_path / form).mkdir()
+        monkeypatch.chdir(tmp_path / form)
+        run_dir = make_run(Path("reports") / "runs" / "r")
+        before = (run_dir / RESULTS_FILE).read_bytes()
+        args = ["review", run_dir] if run_first else ["review"]
+        outcome = cli(*args, "--write-baseline", run_dir / RESULTS_FILE, "--no-baseline")
         assert (outcome.code == 2) != broken, outcome.output
-    assert ((run_dir / RESULTS_FILE).read_bytes() == before) != broken
+        assert ((run_dir / RESULTS_FILE).read_bytes() == before) != broken
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,14 @@ calls = [0]
 chunk_cat = funcol._maybe_view_chunk_cat
 
 
+def say(line: str) -> None:
+    """One write of the whole line: both ranks share torchrun's stdout, and `print` writes the text
+    and its newline apart, so under load one rank's line landed inside the other's. A write of
+    fewer than PIPE_BUF bytes to a pipe is atomic (POSIX)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def counted(*args, **kwargs):
     calls[0] += 1
     return chunk_cat(*args, **kwargs)
@@ -43,7 +51,7 @@ ids = torch.tensor([[3, 17, 42, 7, 99, 5]])
 adapter.forward(input_ids=ids)
 try:
     torch.compile(adapter.forward, fullgraph=True)(input_ids=ids)
-    print(f"rank {rank}: compiled ok, chunk-cat calls {calls[0]}", flush=True)
+    say(f"rank {rank}: compiled ok, chunk-cat calls {calls[0]}")
 except Exception as exc:
-    print(f"rank {rank}: compiled failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
+    say(f"rank {rank}: compiled failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
 dist.destroy_process_group()
