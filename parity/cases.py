@@ -499,7 +499,8 @@ def _extend(loaded: dict[str, Any], extra: dict[str, Any], schema: Mapping[str, 
         elif table.many:
             names = {getattr(record, "name", None) for record in loaded[name]}
             for record in extra[name]:
-                if getattr(record, "name", None) in names:
+                # a table of unnamed records (quick.toml's) adds them: its own loader checks them
+                if getattr(record, "name", None) is not None and record.name in names:
                     raise CaseFileError(f"{label}: table [{name}] case {record.name!r}: a case of that name is already in {base}")
             loaded[name].extend(extra[name])
         else:

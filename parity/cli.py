@@ -124,12 +124,14 @@ def _append_mismatch(args: argparse.Namespace, run_dir: Path) -> list[str]:
     from parity.plugin.options import DEFAULT_DTYPE
     from parity.plugin.session import append_mismatch
     from parity.report import read_run_info
+    from parity.report.quick import quick_size
 
     try:
         info = read_run_info(run_dir)
     except ValueError:
         return []  # an unreadable run.json: the session refuses it with its own line
-    mine = {"device": args.device, "size": args.size, "dtype": args.dtype or DEFAULT_DTYPE[args.device], "target": args.target}
+    size = quick_size(args.size) if args.quick else args.size  # the size a quick run's rows carry
+    mine = {"device": args.device, "size": size, "dtype": args.dtype or DEFAULT_DTYPE[args.device], "target": args.target}
     mine.update(seed=args.seed, torch=env.torch_version(), git_sha=env.git_sha())
     return append_mismatch(info, mine)
 

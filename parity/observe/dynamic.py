@@ -33,6 +33,24 @@ def mark_input_dims_dynamic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> No
                 torch._dynamo.maybe_mark_dynamic(leaf, dim)
 
 
+# The backend every compile uses instead of the one it names, when set (the quick lane,
+# docs/cli.md §11): one that generates no code, so a compile-time property (recompiles, graph
+# breaks, fullgraph) is still traced by Dynamo, without Inductor's seconds of code generation or
+# AOTAutograd's second trace. A backend given as a callable (a test's own) is left alone.
+_quick_backend: str | None = None
+
+
+def generate_no_code(backend: str | None) -> None:
+    """From now on compile with `backend` wherever a backend is named (None: as named again)."""
+    global _quick_backend
+    _quick_backend = backend
+
+
+def compile_backend(backend: str | Callable[..., Any]) -> str | Callable[..., Any]:
+    """The backend a compile naming `backend` gets (`generate_no_code`)."""
+    return _quick_backend if isinstance(backend, str) and _quick_backend is not None else backend
+
+
 def dynamic_compile(
     fn: Callable[..., Any],
     *,
@@ -43,6 +61,7 @@ def dynamic_compile(
     """`torch.compile(fn)` with parity's reading of `dynamic`: True marks the inputs' dims dynamic on
     every call (above), None is Dynamo's automatic dynamic, False compiles one graph per shape. A
     decorated `fn` is compiled through a frame of its own (`parity.observe.compile_frames`)."""
+    backend = compile_backend(backend)
     compiled = torch.compile(own_frame(fn), dynamic=None if dynamic else dynamic, fullgraph=fullgraph, backend=backend)
     if not dynamic:
         return compiled
@@ -54,3 +73,11 @@ def dynamic_compile(
 
     marked._torchdynamo_orig_callable = getattr(compiled, "_torchdynamo_orig_callable", fn)  # type: ignore[attr-defined]
     return marked
+
+
+def backend_text(backend: str, reason: str) -> str:
+    """How a row names the backend a compile used: `backend (reason)`, or the quick lane's in its place."""
+    used = compile_backend(backend)
+    if used == backend:
+        return f"{backend} ({reason})"
+    return f"{used} (the quick lane's backend in place of {backend}: cases/quick.toml [lane], docs/cli.md §11)"

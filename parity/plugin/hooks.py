@@ -34,7 +34,7 @@ from parity import env
 from parity.cases import CaseFileError, add_case_dirs, defer_errors, unreadable_case_files
 from parity.compare import ERROR, FAIL, SKIP
 from parity.observe.origin import error_line
-from parity.plugin import lanes, ranks, shards
+from parity.plugin import lanes, live, ranks, shards
 from parity.plugin import report_fixture as report_fixture_module
 from parity.plugin.report_fixture import (  # noqa: F401 - fixtures are found in the plugin's namespace
     REPORT,
@@ -241,6 +241,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(exc)) from None
     if not _is_worker(config):
         config.pluginmanager.register(_SuiteClock(config), "parity-suite-clock")
+        config.pluginmanager.register(live.LiveVerdicts(config), "parity-live-verdicts")
         if config.pluginmanager.hasplugin("xdist"):
             config.pluginmanager.register(_XdistHooks(config), "parity-xdist")
 
@@ -300,6 +301,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if drop:
             config.hook.pytest_deselected(items=drop)
             items[:] = keep
+    if session.quick:  # the quick lane's tests only, compiled without code generation (docs/cli.md §11)
+        from parity.observe.dynamic import generate_no_code
+        from parity.plugin.quick import QuickPlanError, select
+
+        try:
+            plan = select(config, items)
+        except QuickPlanError as exc:
+            usage_error(config, str(exc), items)
+            return
+        generate_no_code(plan.lane.compile_backend)
+        config.add_cleanup(lambda: generate_no_code(None))  # a later session in this process compiles as ever
     _deselect_resumed(config, items)
     # A case file that could not be read stops the session only when a selected test reads it
     # (parity.cases.unreadable_case_files): one line, exit 4, whatever else is broken elsewhere.
@@ -651,10 +663,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Gener
     with contextlib.suppress(RowNotWritten):  # counted by the writer: the session says so at its end
         if outcome.skipped and suite and outcome.when in ("setup", "call"):
             _write_skip_row(item, suite, outcome)
+        if outcome.when == "call" and outcome.failed and REPORT in item.stash:  # its line, printed now (parity.plugin.live)
+            live.attach(outcome, live.case_lines(item.stash[REPORT].rows, item.config.stash[SESSION].run_dir))
         if outcome.when == "setup" and outcome.failed and suite and call.excinfo is not None:
             exc = call.excinfo.value
             message = f"setup failed: {error_line(exc)}"
-            item.config.stash[WRITER].write(
+            row = item.config.stash[WRITER].write(
                 {
                     "suite": suite,
                     "case": default_case(item),
@@ -665,6 +679,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Gener
                     "test": item.nodeid,
                 }
             )
+            live.attach(outcome, live.case_lines([row], item.config.stash[SESSION].run_dir))
     return outcome
 
 

@@ -20,6 +20,7 @@ GPU = "parity_gpu"
 SLOW = "parity_slow"
 SUITE = "parity_suite"
 KEEP_COMPILE_CACHE = "parity_keep_compile_cache"
+COMPILES = "parity_compiles"
 LANES = {"cpu": CPU, "cuda": GPU}  # --parity-device -> the lane marker its unmarked parity tests get
 # pytest-benchmark registers its own `benchmark` marker; parity's benchmark suite uses that one.
 MARKERS = {
@@ -27,6 +28,10 @@ MARKERS = {
     GPU: "needs a CUDA device; skipped with a reason when none is present",
     SLOW: "takes more than a few seconds on the CPU lane",
     f"{SUITE}(name)": "the report suite a test writes rows for (e.g. numerics, routing)",
+    COMPILES: (
+        "compiles with torch.compile whatever its mode: the run order puts it with the compiled modes, "
+        "after every suite's eager and graph tests (parity/suites/conftest.py run_order)"
+    ),
     KEEP_COMPILE_CACHE: (
         "skip the per-test Dynamo reset: for parity tests that compare outputs of the same compiled "
         "functions (reuse cannot hide a parity failure; guards still hold) and must not recompile them"

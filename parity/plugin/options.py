@@ -209,6 +209,18 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         ),
     ),
     RunOption(
+        "quick",
+        dict(
+            action="store_true",
+            default=False,
+            help=(
+                "the quick lane: every suite's property on the smallest cases that show it (cases/quick.toml), in eager "
+                "and the graph stand-in, compile-time checks traced without code generation; its rows say size "
+                "<size>-quick and a review compares them only with a quick baseline (docs/cli.md §11)"
+            ),
+        ),
+    ),
+    RunOption(
         "cases",
         dict(
             action="append",

@@ -225,14 +225,21 @@ def parity_target(pytestconfig: pytest.Config) -> Target:
     return session_target(pytestconfig)
 
 
+_AFTER_KEEP = [False]  # whether this process's previous parity test kept the compile cache
+
+
 @pytest.fixture(autouse=True)
 def parity_fresh_compile_state(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every parity test starts with an empty Dynamo cache: a test that expects "one compile on the
     first shape" must not pass or fail because of what an earlier test compiled (vllm-omni#7455).
-    Tests marked `parity_keep_compile_cache` (output comparisons only) opt out; tests the plugin
-    does not act on (another project's, in the same environment) are left alone."""
-    if is_parity_test(request.node) and request.node.get_closest_marker(KEEP_COMPILE_CACHE) is None:
-        from parity.observe.compile_ledger import reset_compile_state
+    Tests marked `parity_keep_compile_cache` (output comparisons only) keep what the marked tests
+    right before them compiled, and only that: the first of a run of them starts empty too. Tests
+    the plugin does not act on (another project's, in the same environment) are left alone."""
+    if is_parity_test(request.node):
+        keep = request.node.get_closest_marker(KEEP_COMPILE_CACHE) is not None
+        if not (keep and _AFTER_KEEP[0]):
+            from parity.observe.compile_ledger import reset_compile_state
 
-        reset_compile_state()
+            reset_compile_state()
+        _AFTER_KEEP[0] = keep
     yield

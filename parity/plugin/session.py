@@ -45,6 +45,7 @@ from parity.report import (
     update_run_info,
     write_run_info,
 )
+from parity.report.quick import quick_size
 from parity.report.rundir import (
     OWNER_FILE,
     RunClaim,
@@ -152,6 +153,12 @@ class RunSession:
     checkpoint_layout: str = "parity"
     tp: int = 1  # tensor-parallel ranks (parity.plugin.ranks)
     mutants: bool = False  # --parity-mutants (or --parity-suite target_mutants): the planted catalogue runs
+    quick: bool = False  # --parity-quick: the quick lane (parity.plugin.quick); rows say `<size>-quick`
+
+    @property
+    def report_size(self) -> str:
+        """The `size` of this run's rows and run.json: a quick run's say so (docs/cli.md §11)."""
+        return quick_size(self.size) if self.quick else self.size
 
     @property
     def torch_dtype(self) -> Any:
@@ -210,6 +217,7 @@ class RunSession:
             checkpoint_layout=option(config, "checkpoint_layout"),
             tp=option(config, "tp"),
             mutants=bool(option(config, "mutants")) or PLANTED_SUITE in option(config, "suite"),
+            quick=bool(option(config, "quick")),
         )
         if worker_input is None and not peer and append and _is_run_dir(session.run_dir):
             session.check_append()
@@ -224,7 +232,7 @@ class RunSession:
         """`--parity-append` adds rows to a run of the same configuration, torch, tree and target
         code only (`append_mismatch`)."""
         info = read_run_info(self.run_dir)
-        mine: dict[str, Any] = {"device": self.device, "size": self.size, "dtype": self.dtype, "target": self.target}
+        mine: dict[str, Any] = {"device": self.device, "size": self.report_size, "dtype": self.dtype, "target": self.target}
         mine.update(seed=self.seed, torch=env.torch_version(), git_sha=env.git_sha())
         with contextlib.suppress(TargetError):  # an unknown spec: the run stops on it elsewhere
             mine["target_provenance"] = env.target_provenance(self.target, factory_path(self.target))
@@ -238,9 +246,11 @@ class RunSession:
         """What `run.json` says about the run: its options, the environment, and `status: running`
         with the controlling process (so a review can tell a live run from one that died)."""
         info = {"run_id": self.run_dir.name, "args": list(config.invocation_params.args), **env.describe(self.device)}
-        info.update(size=self.size, dtype=self.dtype, target=self.target, seed=self.seed)
+        info.update(size=self.report_size, dtype=self.dtype, target=self.target, seed=self.seed)
         info["checkpoint_layout"] = self.checkpoint_layout
         info["tp"] = self.tp
+        if self.quick:
+            info["quick"] = True  # rows say `<size>-quick` (parity.report.quick)
         try:
             info["target_provenance"] = env.target_provenance(self.target, factory_path(self.target))
             if TARGET in config.stash:  # resolved before the first row: its name keys its baselines (docs/reports.md)
@@ -263,7 +273,7 @@ class RunSession:
             "target": self.target,
             "device": self.device,
             "dtype": self.dtype,
-            "size": self.size,
+            "size": self.report_size,
             "tp": str(self.tp),
             "torch_version": env.torch_version(),
             "git_sha": env.git_sha(),

@@ -22,6 +22,7 @@ import pandas as pd
 
 from parity.compare import ERROR, FAIL
 from parity.report.audit import audit_records
+from parity.report.quick import baseline_suffix
 from parity.report.rows import read_records, rows_frame
 from parity.report.run_info import read_run_info, target_name
 from parity.report.rundir import UnsafePathError, atomic_write
@@ -172,7 +173,7 @@ def default_baseline_path(
 
 def _baseline_path(config: dict[str, str], info: Mapping[str, Any], key: str, baseline_dir: Path) -> Path:
     kind = device_kind(config["device"], str(info.get("device_name", "")))
-    suffix = "" if config["target"] == DEFAULT_TARGET else f"-{target_slug(key)}"
+    suffix = ("" if config["target"] == DEFAULT_TARGET else f"-{target_slug(key)}") + baseline_suffix(config["size"])
     return Path(baseline_dir).absolute() / f"{kind}-{config['dtype']}{suffix}.csv"
 
 

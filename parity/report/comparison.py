@@ -44,6 +44,7 @@ import pandas as pd
 
 from parity.compare import ERROR, FAIL, FIXED, MEASURED, SKIP, TIE_FLIP
 from parity.report.baseline import BaselineError, config_text, run_config
+from parity.report.quick import mismatch_note
 from parity.report.schema import CASE_KEYS, NOT_PROVIDED, ROW_KEYS, SENSITIVITY_SUITE
 from parity.report.summary import run_tp
 
@@ -318,9 +319,11 @@ def compare_rows(
     if not current.empty:
         old_config, new_config = run_config(baseline, name or "baseline"), run_config(current, "run")
         if old_config != new_config:
+            quick = mismatch_note(old_config["size"], new_config["size"])  # never compared as if one (parity.report.quick)
             raise BaselineError(
                 f"baseline {name or ''} was made for {config_text(old_config)}, this run is {config_text(new_config)}: "
-                "pass --baseline for this configuration or write one with --write-baseline"
+                + (f"{quick}; " if quick else "")
+                + "pass --baseline for this configuration or write one with --write-baseline"
             )
         if baseline_kind and run_kind and baseline_kind != run_kind:
             raise BaselineError(

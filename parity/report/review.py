@@ -46,6 +46,7 @@ from parity.report.comparison import (
     compare_rows,
     fmt_value,
 )
+from parity.report.quick import quick_note
 from parity.report.run_files import RunFiles, completeness
 from parity.report.run_info import target_name
 from parity.report.schema import RESULTS_FILE, ROW_KEYS
@@ -181,7 +182,7 @@ def load_review(
         if candidate.exists():
             baseline, by_name = candidate, bool(target_name(info))
         else:
-            review.baseline_note = f"no baseline for this device kind, dtype and target at {candidate}"
+            review.baseline_note = f"no baseline for this device kind, dtype and target at {candidate}" + quick_note(frame)
     if baseline is not None:
         rows = load_rows(baseline, strict=True)
         misplaced = misplaced_family(rows, suite_families, str(baseline)) if suite_families else None

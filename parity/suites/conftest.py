@@ -28,7 +28,7 @@ import torch
 from parity.compare.verdict import SKIP
 from parity.plugin import activate
 from parity.plugin.hooks import resumed_test_ids, writes_session_rows
-from parity.plugin.lanes import KEEP_COMPILE_CACHE, suite_of
+from parity.plugin.lanes import COMPILES, KEEP_COMPILE_CACHE, suite_of
 from parity.plugin.report_fixture import SESSION, WRITER
 from parity.plugin.session import RunSession, option, session_target
 from parity.plugin.short_names import device, report, run_dir, settings, target  # noqa: F401 - this folder's fixture names
@@ -38,7 +38,7 @@ from parity.suites.ar.support import build_ar_models
 from parity.suites.device_memory import DeviceMemoryError
 from parity.suites.dit.support import build_dit_models
 from parity.suites.families import require_family
-from parity.target import FAMILIES, Target, TargetError, family_missing, not_selected, suite_plan
+from parity.target import FAMILIES, PLANTED_SUITE, Target, TargetError, family_missing, not_selected, suite_plan
 
 SUITES_DIR = Path(__file__).resolve().parent
 
@@ -73,12 +73,12 @@ def family_of(item: pytest.Item) -> str | None:
 
 @pytest.hookimpl(trylast=True)  # after the lane marks, --parity-suite and --parity-append have selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the tests by family, then leave out the tests the target's plan does not run (a family
+    """Order the tests (`run_order`), then leave out the tests the target's plan does not run (a family
     it does not provide, the mutant catalogue for a target other than the built-in one): they are
     deselected, and each (suite, family) left out is one `not_provided` row with the reason and the
     number of tests, where a skip per test once gave an AR-only target 743 skip rows. The plan is
     `parity.target.suite_plan`, the one `parity check-target` prints."""
-    _order_by_family(items)
+    _order_by_family(items, by_family=option(config, "size") == "full")
     _catalogue_of_this_tp(config, items)
     try:
         target = session_target(config)
@@ -229,20 +229,53 @@ class ResidentModels:
 
 RESIDENT = ResidentModels()
 FAMILY_ORDER = tuple(family.fixture for family in FAMILIES.values() if family.fixture)
+# The order the suites run in: the cheapest, most telling first, so that a defect is printed
+# (parity.plugin.live) seconds into a run. Numerics in eager is one forward against the fp64
+# golden and finds most numeric defects; expert selection's and numerics' compiled modes are
+# Inductor compiles (seconds per shape class, the run's slowest tests) and run after every
+# suite's eager and graph modes; the mutant catalogues only wait for sessions running beside.
+SUITE_ORDER = (
+    "numerics",
+    "embedding_clamp",
+    "fail_closed_capture",
+    "expert_selection",
+    "decode",
+    "sampler",
+    "image",
+    "weight_coverage",
+    "routing",
+    "selfcheck",
+    "recompiles",
+)
+CATALOGUE_SUITES = ("sensitivity", PLANTED_SUITE, "benchmark")  # last: they collect what ran beside
+MODE_TIERS = {"eager": 0, "cpu_graph": 1, "cuda_graph": 1, "compiled": 2, "compiled_cuda_graph": 2}
 
 
-def _order_by_family(items: list[pytest.Item]) -> None:
-    """Run the tests of one model family together (AR, then DiT, then the rest), file order kept;
-    inside a family, the tests that share compiled code (`parity_keep_compile_cache`) first, so that no
-    test starting from an empty Dynamo cache runs between them and throws their compiles away
-    (docs/capture-and-compile.md §3)."""
+def run_order(item: pytest.Item, *, by_family: bool) -> tuple[int, ...]:
+    """Where `item` runs (ascending; ties keep collection order): every suite's eager tests, then
+    their graph modes, then whatever compiles (the compiled modes, and tests marked
+    `parity_compiles`), each tier in `SUITE_ORDER`; the mutant catalogues last. `by_family`: one
+    model family after the other (at full size the device holds one family at a time: one build
+    per family); at tiny size every family stays resident and the tiers run across them.
 
-    def family(item: pytest.Item) -> tuple[int, bool]:
-        names = getattr(item, "fixturenames", ())
-        index = next((i for i, name in enumerate(FAMILY_ORDER) if name in names), len(FAMILY_ORDER))
-        return index, item.get_closest_marker(KEEP_COMPILE_CACHE) is None
+    The compiling tests that share compiled code (`parity_keep_compile_cache`) run together, after
+    the other compiling tests: no test starting from an empty Dynamo cache runs between them and
+    throws their compiles away (docs/capture-and-compile.md §3)."""
+    names = getattr(item, "fixturenames", ())
+    family = next((i for i, name in enumerate(FAMILY_ORDER) if name in names), len(FAMILY_ORDER))
+    suite = suite_of(item)
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    mode = params.get("mode") if isinstance(params.get("mode"), str) else None
+    compiles = item.get_closest_marker(COMPILES) is not None
+    tier = MODE_TIERS.get(mode, 0) if mode is not None else 2 if compiles else 0
+    shares_compiles = tier == 2 and item.get_closest_marker(KEEP_COMPILE_CACHE) is not None
+    priority = SUITE_ORDER.index(suite) if suite in SUITE_ORDER else len(SUITE_ORDER)
+    return (family if by_family else 0, suite in CATALOGUE_SUITES, tier, shares_compiles, priority)
 
-    items.sort(key=family)
+
+def _order_by_family(items: list[pytest.Item], *, by_family: bool = True) -> None:
+    """Run the tests in `run_order` (a stable sort: file order inside each place)."""
+    items.sort(key=lambda item: run_order(item, by_family=by_family))
 
 
 @pytest.fixture(scope="session", autouse=True)

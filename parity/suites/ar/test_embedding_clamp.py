@@ -115,6 +115,7 @@ def test_each_id_embeds_as_documented(case: ClampCase, ar_models, report) -> Non
 
 
 @pytest.mark.parity_keep_compile_cache
+@pytest.mark.parity_compiles
 def test_compiled_lookup_equals_eager_bitwise(ar_models, report) -> None:
     models = ar_models
     require_graph_support(models.target, "compiled")
@@ -125,6 +126,7 @@ def test_compiled_lookup_equals_eager_bitwise(ar_models, report) -> None:
     report.diff(diff(models.target.embed(ids), got, EXACT, name="compiled embed vs eager"), case="all-clamp-ids", mode="compiled")
 
 
+@pytest.mark.parity_compiles
 def test_one_compiled_frame_across_lengths(ar_models, report) -> None:
     models = ar_models
     require_graph_support(models.target, "compiled")

@@ -25,12 +25,13 @@ import torch
 from parity.compare import AT_MOST, EXACTLY, count_rule
 from parity.contract import requirement
 from parity.observe.compile_ledger import CompileEvent, CompileLedger, code_label, code_of, short_reason
+from parity.observe.dynamic import backend_text
 from parity.runners import make_runner
 from parity.suites.ar.support import CASES, ARModels, RecompileLattice
 from parity.suites.conftest import require_graph_support
 from parity.suites.recompile_rows import write_ledger_summary
 
-pytestmark = pytest.mark.parity_suite("recompiles")
+pytestmark = [pytest.mark.parity_suite("recompiles"), pytest.mark.parity_compiles]
 
 LATTICE: RecompileLattice = CASES["recompiles"]
 COMPILE = requirement("compile_settings")  # make_runner("compiled")'s defaults, as docs/targets.md §2.2 states them
@@ -104,7 +105,7 @@ def test_no_forward_recompile_after_warm_up(ar_models: ARModels, report, setting
                         metric="new_compiles",
                         at=EXACTLY,
                         detail=f"warm-up: expected {warm.expected_compiles} ({warm.reason}); seen: {seen}; "
-                        f"compiled {COMPILE.words}, backend {LATTICE.backend} ({LATTICE.backend_reason}; {COMPILE.cite})",
+                        f"compiled {COMPILE.words}, backend {backend_text(LATTICE.backend, LATTICE.backend_reason)}; {COMPILE.cite}",
                     ),
                     case=case,
                     site=site,

@@ -166,6 +166,7 @@ def test_serving_images_match_reference(case: ImageCase, dit_models: DiTModels, 
         explain_image(models, _generator(models, case, settings.seed), "eager", report, run_dir, case=case.name)
 
 
+@pytest.mark.parity_compiles
 def test_compiled_images_match_eager(dit_models: DiTModels, report, settings, run_dir, golden_images) -> None:
     """The whole sampling loop through regionally compiled blocks (Inductor), one compile for all
     cases: they share one test on purpose (the compiled module serves them all, as in serving)."""

@@ -130,6 +130,7 @@ def test_blocks_match_reference(case: BlockCase, dit_models: DiTModels, report, 
         explain_forward(models, inputs, "eager", report, run_dir, case=case.name)
 
 
+@pytest.mark.parity_compiles
 def test_compiled_velocity_matches_eager(dit_models: DiTModels, report, settings, run_dir) -> None:
     """Regional compile with Inductor (fullgraph, dynamic), one compile for all cases of the size;
     eager outputs (and goldens) are taken first, on the same module. The cases share one test on

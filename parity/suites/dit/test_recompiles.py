@@ -30,7 +30,7 @@ import torch
 
 from parity.compare import AT_LEAST, AT_MOST, EXACTLY, count_rule
 from parity.observe.compile_ledger import CompileEvent, CompileLedger, code_label, code_of
-from parity.observe.dynamic import dynamic_compile
+from parity.observe.dynamic import backend_text, dynamic_compile
 from parity.observe.regional import compile_repeated_blocks
 from parity.suites.conftest import require_graph_support
 from parity.suites.dit import support as dit_support
@@ -46,7 +46,7 @@ from parity.suites.dit.support import (
 )
 from parity.suites.recompile_rows import write_ledger_summary
 
-pytestmark = pytest.mark.parity_suite("recompiles")
+pytestmark = [pytest.mark.parity_suite("recompiles"), pytest.mark.parity_compiles]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +136,7 @@ def test_no_block_recompile_after_warm_up(dit_models, report, settings) -> None:
     with CompileLedger() as ledger:
         regional = compile_repeated_blocks(model, dynamic=True, fullgraph=True, backend=lattice.backend, ledger=ledger)
         try:
-            record_regional(report, regional, f"{lattice.backend} ({lattice.backend_reason})")
+            record_regional(report, regional, backend_text(lattice.backend, lattice.backend_reason))
             # Control frame: compiled on its own and run in the first warm-up point. It must
             # compile (so the counter's per-code discrimination is exercised) and never count.
             control_fn = control_target(adapter)
