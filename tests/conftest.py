@@ -20,9 +20,10 @@ from tests.support.shared_run import (
     EXAMPLE,
     EXAMPLE_TP2,
     LANE,
-    LANE_SHARD_1,
-    LANE_SHARD_2,
     MINIMAL,
+    QUICK_LANE,
+    QUICK_SHARD_1,
+    QUICK_SHARD_2,
     REFERENCE,
     SUITES_BUT_SENSITIVITY,
     TP2,
@@ -43,8 +44,9 @@ SHARED_RUN_FIXTURES = {
     "minimal_run": MINIMAL,
     "tp_run": TP2,
     "example_tp_run": EXAMPLE_TP2,
-    "lane_shard_1": LANE_SHARD_1,
-    "lane_shard_2": LANE_SHARD_2,
+    "quick_lane_run": QUICK_LANE,
+    "quick_shard_1": QUICK_SHARD_1,
+    "quick_shard_2": QUICK_SHARD_2,
 }
 
 
@@ -113,7 +115,7 @@ def minimal_run(shared_runs: SharedRuns | None) -> SharedRun:
 
 @pytest.fixture(scope="session")
 def reference_run(shared_runs: SharedRuns | None) -> SharedRun:
-    """`--target reference` through every suite but sensitivity."""
+    """`--target reference --quick` through every suite but sensitivity."""
     return _read(shared_runs, "reference_run")
 
 
@@ -130,12 +132,18 @@ def example_tp_run(shared_runs: SharedRuns | None) -> SharedRun:
 
 
 @pytest.fixture(scope="session")
-def lane_shard_1(shared_runs: SharedRuns | None) -> SharedRun:
-    """The CPU lane's first of two shards (`parity run --shard 1/2`)."""
-    return _read(shared_runs, "lane_shard_1")
+def quick_lane_run(shared_runs: SharedRuns | None) -> SharedRun:
+    """The quick lane on one machine (`parity run --quick`, every suite but sensitivity, which it leaves out)."""
+    return _read(shared_runs, "quick_lane_run")
 
 
 @pytest.fixture(scope="session")
-def lane_shard_2(shared_runs: SharedRuns | None) -> SharedRun:
-    """The CPU lane's second of two shards (`parity run --shard 2/2`)."""
-    return _read(shared_runs, "lane_shard_2")
+def quick_shard_1(shared_runs: SharedRuns | None) -> SharedRun:
+    """The quick lane's first of two shards (`parity run --quick --shard 1/2`)."""
+    return _read(shared_runs, "quick_shard_1")
+
+
+@pytest.fixture(scope="session")
+def quick_shard_2(shared_runs: SharedRuns | None) -> SharedRun:
+    """The quick lane's second of two shards (`parity run --quick --shard 2/2`)."""
+    return _read(shared_runs, "quick_shard_2")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from parity.report import ReportWriter, read_results, read_run_info, write_run_info
+from parity.report import ReportWriter, mutation_score, read_results, read_run_info, write_run_info
 from tests.support.bad_input_table import Bad, Outcome, check_bad_input, cli
 
 pytestmark = pytest.mark.parity_cpu
@@ -35,8 +35,17 @@ SHARD = {"count": 2, "selection": "5e1ec7", "selection_tests": 3, "tree": "git:0
 PROVENANCE = {"spec": "serving", "factory": "serving_models.target:make_target", "name": "serving", "git_sha": "abc"}
 
 
-def make_shard(run_dir: Path, index: int, *, tests: list[str] | None = None, shard: dict | None = None, **info: Any) -> Path:
-    """A finished shard run as `parity run --shard K/2` writes one (run.json at its first row)."""
+def make_shard(
+    run_dir: Path,
+    index: int,
+    *,
+    tests: list[str] | None = None,
+    shard: dict | None = None,
+    killed: dict[str, str] | None = None,
+    **info: Any,
+) -> Path:
+    """A finished shard run as `parity run --shard K/2` writes one (run.json at its first row);
+    `killed`: the mutant catalogue's rows its first test writes (mutant -> verdict)."""
     tests = TESTS[index] if tests is None else tests
     run_info = {
         "run_id": run_dir.name,
@@ -65,6 +74,9 @@ def make_shard(run_dir: Path, index: int, *, tests: list[str] | None = None, sha
                 "test": test,
             }
         )
+    for mutant, verdict in (killed or {}).items():
+        row = {"suite": "sensitivity", "case": mutant, "mode": "numerics", "metric": "killed", "value": float(verdict == "pass")}
+        writer.write({**row, "threshold": 1.0, "verdict": verdict, "test": tests[0]})
     return run_dir
 
 
@@ -141,6 +153,19 @@ def test_good_shards_merge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert "shard" not in info and info["selection"]["selection_tests"] == 3
     review = cli("review", merged, "--no-baseline")
     assert review.code == 0, review.output
+
+
+def test_the_mutation_score_is_the_shards_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant catalogue's rows split over two shards: the merged run's score counts both."""
+    monkeypatch.chdir(tmp_path)
+    dirs = [
+        make_shard(tmp_path / "s1", 1, killed={"eps": "pass", "bias": "pass"}),
+        make_shard(tmp_path / "s2", 2, killed={"theta": "fail"}),
+    ]
+    outcome = cli("merge", *dirs, "--into", tmp_path / "merged")
+    assert outcome.code == 0, outcome.output
+    score = mutation_score(read_results(tmp_path / "merged"))
+    assert score is not None and (score.killed, score.applicable, score.survivors) == (2, 3, ["theta"])
 
 
 def _shards_unchecked(patch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from parity.plugin import shards
 from parity.plugin.lanes import KEEP_COMPILE_CACHE, SUITE
-from parity.report import mutation_score, read_results, read_run_info
+from parity.report import read_results, read_run_info
 from tests.support.helpers import run_parity
 from tests.support.shared_run import SharedRun
 
@@ -153,20 +153,26 @@ def _gate_rows(frame: pd.DataFrame) -> collections.Counter:
 
 @pytest.mark.parity_slow
 def test_the_lane_in_two_shards_merges_into_the_one_machine_run(
-    lane_shard_1: SharedRun, lane_shard_2: SharedRun, lane_run: SharedRun, tmp_path: Path
+    quick_shard_1: SharedRun, quick_shard_2: SharedRun, quick_lane_run: SharedRun, tmp_path: Path
 ) -> None:
-    for shard in (lane_shard_1, lane_shard_2):
-        assert shard.returncode == lane_run.returncode == 0, shard.stdout[-4000:]
-    plans = [read_run_info(shard.run_dir)["shard"] for shard in (lane_shard_1, lane_shard_2)]
+    """The quick lane (every suite but the mutant catalogue, eager and the graph stand-in, compiles
+    traced without code generation) in two shards, merged, against the same selection on one
+    machine. The mutant catalogue's rows merge as any rows do (`test_good_shards_merge` counts a
+    score through a merge); the plan deals it last (`test_the_mutant_catalogue_is_dealt_last`)."""
+    for shard in (quick_shard_1, quick_shard_2):
+        assert shard.returncode == quick_lane_run.returncode == 0, shard.stdout[-4000:]
+    plans = [read_run_info(shard.run_dir)["shard"] for shard in (quick_shard_1, quick_shard_2)]
     assert plans[0]["tests"] and plans[1]["tests"] and plans[0]["tests"] + plans[1]["tests"] == plans[0]["selection_tests"]
     merged = tmp_path / "merged"
-    result = run_parity(["merge", str(lane_shard_1.run_dir), str(lane_shard_2.run_dir), "--into", str(merged)])
+    result = run_parity(["merge", str(quick_shard_1.run_dir), str(quick_shard_2.run_dir), "--into", str(merged)])
     assert result.returncode == 0, result.stdout + result.stderr
-    # The same gate rows with the same verdicts as the one-machine run, row for row.
-    assert _gate_rows(read_results(merged)) == _gate_rows(lane_run.rows)
-    assert mutation_score(read_results(merged)).line() == mutation_score(lane_run.rows).line()
+    # The same gate rows with the same verdicts as the one-machine run, row for row, every suite there.
+    merged_rows = read_results(merged)
+    assert _gate_rows(merged_rows) == _gate_rows(quick_lane_run.rows)
+    assert set(merged_rows["suite"]) == set(quick_lane_run.rows["suite"]) and len(set(merged_rows["suite"])) >= 10
+    assert set(merged_rows["size"]) == {"tiny-quick"}  # a quick run, merged as one
     # `parity review` reads it like any run: against the one-machine run, clean.
-    review = run_parity(["review", str(merged), "--baseline", str(lane_run.run_dir)])
+    review = run_parity(["review", str(merged), "--baseline", str(quick_lane_run.run_dir)])
     assert review.returncode == 0, review.stdout + review.stderr
     assert "regressions: 0" in review.stdout and "vanished cases: 0" in review.stdout, review.stdout
     assert [shard["index"] for shard in read_run_info(merged)["merged_from"]] == [1, 2]

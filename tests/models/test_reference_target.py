@@ -24,8 +24,8 @@ SUITES_WITH_ROWS = {
 
 
 def test_every_suite_runs_and_passes_against_the_reference(reference_run: SharedRun) -> None:
-    """The reference's run of every suite but sensitivity (`parity run --target reference`), made
-    once per session (tests/support/shared_run.py)."""
+    """The reference's quick run of every suite but sensitivity (`parity run --target reference
+    --quick`), made once per session (tests/support/shared_run.py)."""
     assert reference_run.returncode == 0, reference_run.stdout[-4000:]
     frame = reference_run.rows
     gates = frame[frame["kind"] == "gate"]

@@ -74,6 +74,7 @@ class RunSpec:
     tp: int = 1
     mutants: bool = False  # `--mutants`: the planted catalogue's score on the target too
     shard: str = ""  # `--shard K/N`: one part of the selection (a shard covers no other run, nor is covered)
+    quick: bool = False  # `--quick`: the quick lane's selection (covers no full run, nor is covered by one)
 
     def args(self) -> list[str]:
         selection = [] if self.suites == ALL_SUITES else [a for suite in self.suites for a in ("--suite", suite)]
@@ -84,10 +85,11 @@ class RunSpec:
             *(["--tp", str(self.tp)] if self.tp > 1 else []),
             *(["--shard", self.shard] if self.shard else []),
             *(["--mutants"] if self.mutants else []),
+            *(["--quick"] if self.quick else []),
         ]
 
     def covers(self, other: RunSpec) -> bool:
-        same = self.target == other.target and self.tp == other.tp and self.shard == other.shard
+        same = self.target == other.target and self.tp == other.tp and self.shard == other.shard and self.quick == other.quick
         return same and set(other.suites) <= set(self.suites) and (self.mutants or not other.mutants)
 
 
@@ -98,7 +100,10 @@ EXAMPLE = RunSpec(
     target="examples.engine_target.parity_target:make_target",
     suites=("expert_selection", "fail_closed_capture", "embedding_clamp", "recompiles", "numerics", "decode", "weight_coverage"),
 )
-REFERENCE = RunSpec("reference", target="reference", suites=tuple(s for s in ALL_SUITES if s != "sensitivity"))
+# The reference through the door of any target: the quick lane (every suite but the mutant
+# catalogue, on its smallest cases) shows each suite runs, passes and skips graph modes with the
+# reference's reason; the full lane on the reference would be minutes of the truth against itself.
+REFERENCE = RunSpec("reference", target="reference", suites=tuple(s for s in ALL_SUITES if s != "sensitivity"), quick=True)
 # The second example through the plain door: `parity run --target <it> --mutants`, no suite named
 # (CI's score of the planted catalogue on a target other than the built-in one).
 MINIMAL = RunSpec("minimal-ar", target="examples.minimal_target.parity_target:make_target", mutants=True)
@@ -106,11 +111,14 @@ MINIMAL = RunSpec("minimal-ar", target="examples.minimal_target.parity_target:ma
 # run; the sensitivity suite holds the sharding mutants), and the example engine's own TP=2 variant.
 TP2 = RunSpec("cpu-lane-tp2", tp=2)
 EXAMPLE_TP2 = dataclasses.replace(EXAMPLE, name="example-engine-tp2", tp=2)
-# The CPU lane in two shards, as two machines of a CI matrix would run it (merged and reviewed
-# against the lane run in tests/harness/test_shards.py).
-LANE_SHARD_1 = dataclasses.replace(LANE, name="cpu-lane-shard-1-of-2", shard="1/2")
-LANE_SHARD_2 = dataclasses.replace(LANE, name="cpu-lane-shard-2-of-2", shard="2/2")
-SPECS = (LANE, SUITES_BUT_SENSITIVITY, EXAMPLE, REFERENCE, MINIMAL, TP2, EXAMPLE_TP2, LANE_SHARD_1, LANE_SHARD_2)
+# The quick lane in two shards, as two machines of a CI matrix would run it, and on one machine
+# (merged and reviewed against it in tests/harness/test_shards.py). The quick lane holds every
+# suite, the compiling tests' shared units among them: what a shard plan must keep whole. The full
+# lane in two shards would cost a second full lane run, for the same plan and merge code.
+QUICK_LANE = RunSpec("cpu-lane-quick", quick=True, suites=tuple(s for s in ALL_SUITES if s != "sensitivity"))
+QUICK_SHARD_1 = dataclasses.replace(QUICK_LANE, name="cpu-lane-quick-shard-1-of-2", shard="1/2")
+QUICK_SHARD_2 = dataclasses.replace(QUICK_LANE, name="cpu-lane-quick-shard-2-of-2", shard="2/2")
+SPECS = (LANE, SUITES_BUT_SENSITIVITY, EXAMPLE, REFERENCE, MINIMAL, TP2, EXAMPLE_TP2, QUICK_LANE, QUICK_SHARD_1, QUICK_SHARD_2)
 
 
 @dataclasses.dataclass(frozen=True)
