@@ -17,6 +17,8 @@ class FakeSessions:
     def __init__(self, parallel: int, jobs: int | None, families: frozenset[str] = frozenset()) -> None:
         self.parallel, self.jobs, self.selected, self.closed = parallel, jobs, None, False
         self.families = families
+        self.server = SimpleNamespace(jobs=jobs, set_jobs=lambda n: None)
+        self.deferred = None
 
     def start_selected(self, items, tmp_path_factory) -> int:
         self.selected = list(items)
@@ -41,9 +43,32 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[FakeSessions]:
     return servers
 
 
+class _Plugins:
+    """The plugin manager of a fake session: what `start_early` registers while the run goes on."""
+
+    def __init__(self) -> None:
+        self.registered: dict[str, object] = {}
+
+    def register(self, plugin: object, name: str) -> None:
+        self.registered[name] = plugin
+
+    def unregister(self, plugin: object) -> None:
+        self.registered = {k: v for k, v in self.registered.items() if v is not plugin}
+
+
+def _item(name: str, index: int) -> SimpleNamespace:
+    suite = name.removeprefix("test_").removesuffix(".py")
+    marker = SimpleNamespace(args=(suite,))
+    return SimpleNamespace(
+        path=Path("parity/suites/x") / name,
+        nodeid=f"parity/suites/x/{name}::t{index}",
+        get_closest_marker=lambda marker_name: marker if marker_name == "parity_suite" else None,
+    )
+
+
 def _session(*names: str) -> SimpleNamespace:
     return SimpleNamespace(
-        items=[SimpleNamespace(path=Path("parity/suites/x") / n) for n in names], config=SimpleNamespace(stash=pytest.Stash())
+        items=[_item(n, i) for i, n in enumerate(names)], config=SimpleNamespace(stash=pytest.Stash(), pluginmanager=_Plugins())
     )
 
 
@@ -57,10 +82,40 @@ def test_a_serial_run_starts_the_selected_sessions_on_the_spare_cores(device: st
     with runs.start_early(session, _settings(device), tmp_path_factory=None):
         (server,) = opened
         assert (server.parallel, server.jobs) == (2, 1)  # one core stays with the run's own tests
+        if device == "cuda":  # beside the GPU's suites only once numerics has ended
+            assert server.selected is None
+            (after,) = session.config.pluginmanager.registered.values()
+            after.pytest_runtest_logfinish(session.items[0].nodeid, ("", None, ""))
         assert [item.path.name for item in server.selected] == ["test_sensitivity.py"]
         assert session.config.stash[runs.EARLY_SESSIONS] is server
         assert not server.closed
     assert server.closed and runs.EARLY_SESSIONS not in session.config.stash
+    assert session.config.pluginmanager.registered == {}
+
+
+def test_on_cuda_the_sessions_wait_for_the_last_numerics_test(opened) -> None:
+    """The GPU lane's children start when its last numerics test ends, not at an earlier one, not
+    at another suite's; reaching the sensitivity tests first starts them then (`all_cores`)."""
+    session = _session("test_numerics.py", "test_decode.py", "test_numerics.py", "test_sensitivity.py")
+    with runs.start_early(session, _settings("cuda"), tmp_path_factory=None):
+        (server,) = opened
+        (after,) = session.config.pluginmanager.registered.values()
+        for item in session.items[:2]:
+            after.pytest_runtest_logfinish(item.nodeid, ("", None, ""))
+        assert server.selected is None
+        after.pytest_runtest_logfinish(session.items[2].nodeid, ("", None, ""))
+        assert [item.path.name for item in server.selected] == ["test_sensitivity.py"]
+        server.selected = None
+        after.pytest_runtest_logfinish(session.items[2].nodeid, ("", None, ""))
+        assert server.selected is None  # started once
+    session = _session("test_decode.py", "test_sensitivity.py")
+    with runs.start_early(session, _settings("cuda"), tmp_path_factory=None):  # no numerics: at once
+        assert [item.path.name for item in opened[-1].selected] == ["test_sensitivity.py"]
+    session = _session("test_numerics.py", "test_sensitivity.py")
+    with runs.start_early(session, _settings("cuda"), tmp_path_factory=None):
+        assert opened[-1].selected is None
+        runs.ChildSessions.all_cores(opened[-1])  # the sensitivity tests reached
+        assert [item.path.name for item in opened[-1].selected] == ["test_sensitivity.py"]
 
 
 def test_a_failing_or_interrupted_run_still_stops_the_server(opened) -> None:

@@ -164,6 +164,7 @@ class ChildSessions:
         self.covered = covered  # the run runs the seed-independent files itself (controls leave them out)
         self.families = families  # the model families the run's target provides (where planted mutants apply)
         self.started: dict[tuple, tuple[Any, int, Path]] = {}
+        self.deferred: AfterNumerics | None = None  # sessions planned but not started yet (`start_early`)
 
     @classmethod
     @contextmanager
@@ -185,7 +186,10 @@ class ChildSessions:
             yield cls(server, settings, parallel, covered=covered, families=families)
 
     def all_cores(self) -> None:
-        """The run's own tests now only wait for these sessions: run `parallel` of them at once."""
+        """The run's own tests now only wait for these sessions: run `parallel` of them at once
+        (and start the planned ones now if they were waiting for the numerics tests)."""
+        if self.deferred is not None:
+            self.deferred.start()
         if self.server.jobs != self.parallel:
             self.server.set_jobs(self.parallel)
 
@@ -335,12 +339,15 @@ def balanced_batches(sessions: Sequence[Session], count: int) -> list[list[Sessi
 
 @contextmanager
 def start_early(session: pytest.Session, settings: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """In a serial run with cores to spare and sensitivity tests selected, start their sessions now
-    on all cores but one (they run beside the other suites) and leave them in the config's
-    stash for the suite. Leaving the block stops the server: sessions nobody collected (an
-    interrupted or `-x` run) are killed. On CUDA the children's tiny models share the GPU with the
-    run's full-size ones: started only after the other suites, the sessions alone took 280 s of the
-    H200 lane (four at a time), which did not leave the lane inside 10 minutes."""
+    """In a serial run with cores to spare and sensitivity tests selected, start their sessions
+    beside the other suites on all cores but one and leave them in the config's stash for the
+    suite. Leaving the block stops the server: sessions nobody collected (an interrupted or `-x`
+    run) are killed. On the CPU lane they start at the run's first test. On CUDA they start once
+    the run's last numerics test has ended (`AfterNumerics`): the children's tiny models share the
+    GPU and the host's cores with the run's full-size ones, and the layer-by-layer numerics cases
+    (the lane's longest tests, bound by the fp64 golden on the host) took 208 s of the H200 lane
+    beside them; started only after every other suite, the sessions alone took 280 s (four at a
+    time), which did not leave the lane inside 10 minutes."""
     parallel = parallel_sessions(settings.device)
     selected = [
         item
@@ -353,12 +360,49 @@ def start_early(session: pytest.Session, settings: Any, tmp_path_factory: pytest
     covered = run_covers_seed_independent(session.items, settings)
     families = run_families(session.config) if any(item.path.name == PLANTED_MODULE for item in selected) else frozenset()
     with ChildSessions.open(settings, parallel, jobs=parallel - 1, covered=covered, families=families) as children:
-        children.start_selected(selected, tmp_path_factory)
         session.config.stash[EARLY_SESSIONS] = children
+        last_numerics = _last_numerics(session.items) if lane_of(settings.device) == "cuda" else None
+        deferred = children.deferred = AfterNumerics(children, selected, tmp_path_factory, last_numerics)
+        if last_numerics is None:
+            deferred.start()
+        else:
+            session.config.pluginmanager.register(deferred, "parity-sessions-after-numerics")
         try:
             yield
         finally:
+            if last_numerics is not None:
+                session.config.pluginmanager.unregister(deferred)
             del session.config.stash[EARLY_SESSIONS]
+
+
+def _last_numerics(items: Sequence[pytest.Item]) -> str | None:
+    """The node id of the run's last numerics test (None when it runs none)."""
+    from parity.plugin.lanes import suite_of
+
+    numerics = [item.nodeid for item in items if suite_of(item) == "numerics"]
+    return numerics[-1] if numerics else None
+
+
+class AfterNumerics:
+    """Starts the selected sessions once (`start`), at the latest when the test `after` has ended
+    (a pytest plugin object: `pytest_runtest_logfinish`). A sensitivity test reached before then
+    collects a session it finds not started by running it itself (`ChildSessions.result`), so
+    nothing waits on this."""
+
+    def __init__(
+        self, children: ChildSessions, selected: Sequence[pytest.Item], tmp_path_factory: pytest.TempPathFactory, after: str | None
+    ) -> None:
+        self.children, self.selected, self.tmp_path_factory, self.after = children, selected, tmp_path_factory, after
+        self.started = False
+
+    def start(self) -> None:
+        if not self.started:
+            self.started = True
+            self.children.start_selected(self.selected, self.tmp_path_factory)
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        if nodeid == self.after:
+            self.start()
 
 
 def run_families(config: pytest.Config) -> frozenset[str]:
