@@ -18,6 +18,7 @@ from parity.plugin.short_names import device, report, run_dir, settings, target 
 from tests.support.ar_support import reference, serving, tiny_dir  # noqa: F401
 from tests.support.shared_run import (
     EXAMPLE,
+    EXAMPLE_QUICK,
     EXAMPLE_TP2,
     LANE,
     MINIMAL,
@@ -44,6 +45,7 @@ SHARED_RUN_FIXTURES = {
     "minimal_run": MINIMAL,
     "tp_run": TP2,
     "example_tp_run": EXAMPLE_TP2,
+    "example_quick_run": EXAMPLE_QUICK,
     "quick_lane_run": QUICK_LANE,
     "quick_shard_1": QUICK_SHARD_1,
     "quick_shard_2": QUICK_SHARD_2,
@@ -127,8 +129,14 @@ def tp_run(shared_runs: SharedRuns | None) -> SharedRun:
 
 @pytest.fixture(scope="session")
 def example_tp_run(shared_runs: SharedRuns | None) -> SharedRun:
-    """The example engine's TP=2 variant (examples/engine_target/engine_tp.py) through every AR suite."""
+    """The example engine's TP=2 variant (examples/engine_target/engine_tp.py) through every AR suite, quick lane."""
     return _read(shared_runs, "example_tp_run")
+
+
+@pytest.fixture(scope="session")
+def example_quick_run(shared_runs: SharedRuns | None) -> SharedRun:
+    """The example engine in one process through every AR suite, quick lane (what its TP=2 run is compared with)."""
+    return _read(shared_runs, "example_quick_run")
 
 
 @pytest.fixture(scope="session")

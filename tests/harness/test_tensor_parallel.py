@@ -1,5 +1,5 @@
 """Tensor-parallel runs (`parity run --tp 2`, gloo on CPU): the sharded built-in target and the
-example engine's TP=2 variant through every AR suite, the sharding mutants killed, the run's rows
+example engine's TP=2 variant through every AR suite (its quick lane), the sharding mutants killed, the run's rows
 reviewed against the single-process baseline, and the ways a group breaks (a rank that dies, a
 rank that hangs, a factory that cannot take `tp`, options that cannot go with it)."""
 
@@ -113,9 +113,14 @@ def test_without_the_family_column_every_baseline_row_is_compared(tp_run: Shared
 
 
 @pytest.mark.parity_slow
-def test_the_example_engine_at_tp2_matches_its_single_process_run(example_tp_run: SharedRun, example_run: SharedRun) -> None:
+def test_the_example_engine_at_tp2_matches_its_single_process_run(
+    example_tp_run: SharedRun, example_quick_run: SharedRun
+) -> None:
+    """The quick lane of the example engine sharded over 2 ranks and in one process: the same gate
+    rows with the same verdicts, every AR suite there, compiled among the modes."""
     assert example_tp_run.returncode == 0, example_tp_run.stdout[-4000:]
-    sharded_gates, single_gates = _gates(example_tp_run.rows), _gates(example_run.rows)
+    sharded_gates, single_gates = _gates(example_tp_run.rows), _gates(example_quick_run.rows)
+    assert set(sharded_gates["suite"]) >= AR_SUITES and "compiled" in set(sharded_gates["mode"])
     assert set(example_tp_run.rows["tp"].astype(str)) == {"2"}
     keys = ["suite", "case", "mode", "site", "metric", "verdict"]
     assert not sharded_gates["verdict"].isin(["fail", "error"]).any()

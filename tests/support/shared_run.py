@@ -110,7 +110,12 @@ MINIMAL = RunSpec("minimal-ar", target="examples.minimal_target.parity_target:ma
 # The tensor-parallel lane: the built-in target sharded over 2 ranks (gloo), every suite (the AR ones
 # run; the sensitivity suite holds the sharding mutants), and the example engine's own TP=2 variant.
 TP2 = RunSpec("cpu-lane-tp2", tp=2)
-EXAMPLE_TP2 = dataclasses.replace(EXAMPLE, name="example-engine-tp2", tp=2)
+# The example engine's own TP=2 variant against the same selection in one process, both in the
+# quick lane (every AR suite, eager, the graph stand-in and compiles traced without code
+# generation): the comparison is of the sharded engine with the unsharded one, row for row; the
+# full AR suites at TP=2 (Inductor included) are the built-in target's TP=2 run above.
+EXAMPLE_QUICK = dataclasses.replace(EXAMPLE, name="example-engine-quick", quick=True)
+EXAMPLE_TP2 = dataclasses.replace(EXAMPLE_QUICK, name="example-engine-quick-tp2", tp=2)
 # The quick lane in two shards, as two machines of a CI matrix would run it, and on one machine
 # (merged and reviewed against it in tests/harness/test_shards.py). The quick lane holds every
 # suite, the compiling tests' shared units among them: what a shard plan must keep whole. The full
@@ -118,7 +123,19 @@ EXAMPLE_TP2 = dataclasses.replace(EXAMPLE, name="example-engine-tp2", tp=2)
 QUICK_LANE = RunSpec("cpu-lane-quick", quick=True, suites=tuple(s for s in ALL_SUITES if s != "sensitivity"))
 QUICK_SHARD_1 = dataclasses.replace(QUICK_LANE, name="cpu-lane-quick-shard-1-of-2", shard="1/2")
 QUICK_SHARD_2 = dataclasses.replace(QUICK_LANE, name="cpu-lane-quick-shard-2-of-2", shard="2/2")
-SPECS = (LANE, SUITES_BUT_SENSITIVITY, EXAMPLE, REFERENCE, MINIMAL, TP2, EXAMPLE_TP2, QUICK_LANE, QUICK_SHARD_1, QUICK_SHARD_2)
+SPECS = (
+    LANE,
+    SUITES_BUT_SENSITIVITY,
+    EXAMPLE,
+    REFERENCE,
+    MINIMAL,
+    TP2,
+    EXAMPLE_QUICK,
+    EXAMPLE_TP2,
+    QUICK_LANE,
+    QUICK_SHARD_1,
+    QUICK_SHARD_2,
+)
 
 
 @dataclasses.dataclass(frozen=True)

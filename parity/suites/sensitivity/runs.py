@@ -390,7 +390,11 @@ class AfterNumerics:
     nothing waits on this."""
 
     def __init__(
-        self, children: ChildSessions, selected: Sequence[pytest.Item], tmp_path_factory: pytest.TempPathFactory, after: str | None
+        self,
+        children: ChildSessions,
+        selected: Sequence[pytest.Item],
+        tmp_path_factory: pytest.TempPathFactory,
+        after: str | None,
     ) -> None:
         self.children, self.selected, self.tmp_path_factory, self.after = children, selected, tmp_path_factory, after
         self.started = False
