@@ -491,7 +491,7 @@ reason until the rule learns it.
 
 **How long.** Well under one suites session of your target: on 2 shared cores the minimal
 target's `parity run --mutants` took 69 s (warm) to 132 s (cold) more than its suites alone, the
-sessions running beside the suites on the second core; docs/performance.md §1.3.
+sessions running beside the suites on the second core; docs/performance.md §1.
 """
 
 
