@@ -232,7 +232,8 @@ when a gate row of the named suite fails; the correct target must raise no alarm
 selections under other seeds. `parity run` prints the score per suite. Load one by hand with
 `--parity-target <target>` (`parity run --target <target>`).
 
-How the sessions run: several per process. A serial run starts them all at its first test, in
+How the sessions run: several per process. A serial run starts them all at its first test (on CUDA
+once its numerics tests have ended, docs/suites.md §3), in
 batches of about equal cost forked from one pre-imported server (`parity/suites/sensitivity/runs.py`);
 a batch runs its sessions one after the other, and between two of them puts back every module
 attribute the previous mutant patched and drops the models and compiled frames it built
