@@ -384,10 +384,9 @@ def _last_numerics(items: Sequence[pytest.Item]) -> str | None:
 
 
 class AfterNumerics:
-    """Starts the selected sessions once (`start`), at the latest when the test `after` has ended
-    (a pytest plugin object: `pytest_runtest_logfinish`). A sensitivity test reached before then
-    collects a session it finds not started by running it itself (`ChildSessions.result`), so
-    nothing waits on this."""
+    """Starts the selected sessions once (`start`): when the test `after` has ended (a pytest
+    plugin object: `pytest_runtest_logfinish`), or earlier when the sensitivity tests are reached
+    first (`ChildSessions.all_cores`)."""
 
     def __init__(
         self,
