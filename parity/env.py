@@ -7,7 +7,7 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +132,16 @@ def tree_digest(root: Path = PROJECT_ROOT) -> str:
         return "package:" + digest.hexdigest()[:16]
 
 
+@functools.cache
+def _packages_distributions() -> Mapping[str, list[str]]:
+    """Top-level package -> installed distributions, read once per process: reading it walks every
+    installed distribution's file list (0.2 s), and a process that runs many sessions (the
+    sensitivity suite's children) would pay it for each one."""
+    import importlib.metadata
+
+    return importlib.metadata.packages_distributions()
+
+
 def target_provenance(spec: str, factory: str) -> dict[str, str]:
     """Where the target under test comes from, for `run.json`: the `--target` value, its factory
     (`module:callable`), the module's file, the installed distribution and version that ship its
@@ -152,7 +162,7 @@ def target_provenance(spec: str, factory: str) -> dict[str, str]:
         return info
     info["file"] = found.origin
     top = module_name.split(".")[0]
-    distributions = importlib.metadata.packages_distributions().get(top, [])
+    distributions = _packages_distributions().get(top, [])
     if distributions:
         info["distribution"] = distributions[0]
         info["version"] = importlib.metadata.version(distributions[0])
