@@ -127,6 +127,24 @@ def on_a_shallow_stack(fn: Callable[[], T]) -> T:
         return pool.submit(fn).result()
 
 
+@contextlib.contextmanager
+def _one_fake_mode() -> Iterator[None]:
+    """One `FakeTensorMode` for a whole recording, for the metadata make_fx keeps of each value.
+
+    In real mode make_fx describes every recorded value by a fake tensor, and with no fake mode
+    found (`torch._guards.detect_fake_mode`, which asks the thread's tracing context first) it
+    builds a new `FakeTensorMode` per value; each one extracts the caller's whole stack with a
+    source line per frame. That was 40 % of recording the tiny decode step (8,944 modes for the
+    decode suite's cpu_graph cases). A tracing context that holds one mode is thread-local: it
+    lives in the recording thread (`on_a_shallow_stack`) and ends with the recording.
+    """
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True))):
+        yield
+
+
 class CpuGraphRun(GraphRun):
     """A function recorded once on dummy inputs with `make_fx`; each call copies inputs in and replays."""
 
@@ -142,7 +160,7 @@ class CpuGraphRun(GraphRun):
                 return self.layout.tensors(result)
 
         def trace() -> torch.fx.GraphModule:
-            with torch.no_grad(), reporting_capture(registry, self.device.type), _no_host_copies(self.site):
+            with torch.no_grad(), reporting_capture(registry, self.device.type), _no_host_copies(self.site), _one_fake_mode():
                 return make_fx(flat, tracing_mode="real")(*self.static.buffers)
 
         try:
