@@ -166,3 +166,10 @@ def test_a_batch_runs_its_sessions_in_one_process_each_isolated(tmp_path: Path) 
         assert server.submit_batch(sessions, isolation=isolation).result() == [0, 0, 0, 0]
         assert len(list(tmp_path.glob("pid-*"))) == 1, "the batch's sessions ran in one process"
         assert server.submit_batch(sessions[1:3]).result() == [0, 1], (tmp_path / "test_watched_2.py.log").read_text()
+
+
+def test_a_session_starts_with_the_preload_frozen(server, tmp_path: Path) -> None:
+    """The server freezes what it preloaded before it forks (`gc.freeze`): a child's collections
+    then scan only what its sessions make (docs/performance.md §1)."""
+    (server.root / "test_frozen.py").write_text("import gc\ndef test_frozen():\n    assert gc.get_freeze_count() > 0\n")
+    assert server.run(_args("test_frozen.py"), tmp_path / "frozen.log") == 0, (tmp_path / "frozen.log").read_text()

@@ -239,8 +239,11 @@ a batch runs its sessions one after the other, and between two of them puts back
 attribute the previous mutant patched and drops the models and compiled frames it built
 (`parity/suites/sensitivity/isolation.py`). A mutant whose change that cannot undo is marked
 `isolated` and gets a process of its own. A batch runs its control seeds last, so a green control
-is also evidence that the isolation held. On the 2-core CPU machine a mutant's session now costs
-what its tests cost (0.5-1 s for most), where a process per session cost about 2 s more.
+is also evidence that the isolation held. The server freezes what it preloaded before it forks
+(`gc.freeze`), so a session's garbage collections scan only what the session made: on the 2-core
+CPU machine a tiny mutant's session costs its tests and about 0.3 s (1.3 s before the freeze,
+about 2 s more as a process of its own); a control seed, whose `cpu_graph` recordings got
+cheaper too (docs/performance.md §1), about 20 s (36 s).
 
 Control seeds: every run checks the correct target under seeds 1, 2, 3 (`CONTROL_SEEDS` in
 `parity/suites/sensitivity/runs.py`). Some selections (`SEED_INDEPENDENT`) gate only on counts of

@@ -71,7 +71,8 @@ PLANTED_MODULE = "test_target_mutants.py"  # the planted catalogue (`plant.py`):
 CATALOGUE_MODULES = (SENSITIVITY_MODULE, PLANTED_MODULE)
 # Rough seconds of one session on the 2-core CPU machine, to balance batches (docs/mutants.md): a
 # control session, a mutant whose selection compiles (a recompile lattice, Inductor) or not, and a
-# planted mutant (it loads a transformed copy of the checkpoint before its tests).
+# planted mutant (it loads a transformed copy of the checkpoint before its tests). Measured before
+# the server froze its preload; all of them are about half that now, and only their ratios matter.
 CONTROL_COST, COMPILING_COST, MUTANT_COST, PLANTED_COST = 40.0, 15.0, 1.0, 3.0
 
 
