@@ -131,5 +131,8 @@ def isolated_session() -> Iterator[ModuleSnapshot]:
     try:
         yield snapshot
     finally:
-        snapshot.restore()
+        # Dropped first: Dynamo's cleanups of the frames a session compiled delete the globals those
+        # frames added to the modules (`__builtins_dict___N`); restored first, the modules had lost
+        # them already and every cleanup printed a KeyError into the session's log, under its summary.
         drop_session_state()
+        snapshot.restore()
