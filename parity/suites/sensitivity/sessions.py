@@ -288,9 +288,9 @@ def serve(preload: Sequence[str], jobs: int = 1) -> None:
             getattr(loaded, function)()
     # Every object the preload made lives as long as the server: moved out of the collector's reach,
     # a child's collections (pytest's at the end of each session, `drop_session_state`'s between
-    # sessions) scan only what the child made. On the CPU lane that took a tiny mutant's session
-    # from about 1.3 s to 0.5 s (docs/performance.md §1). `gc.freeze` is the CPython tool for
-    # servers that fork.
+    # sessions) scan only what the child made. On the CPU lane a tiny mutant's session now costs its
+    # tests and about 0.3 s, where it cost about 1.3 s (docs/performance.md §1). `gc.freeze` is the
+    # CPython tool for servers that fork.
     gc.freeze()
     answers = sys.stdout
     stdin = sys.stdin.fileno()
