@@ -24,6 +24,7 @@ from tests.support.runners_toys import (
     RepeatedCall,
     StaticCache,
     TwoExpertMoE,
+    fake_modes_made,
 )
 
 
@@ -268,22 +269,13 @@ def test_an_opaque_output_object_is_refused_rather_than_replayed_stale() -> None
 def test_a_recording_builds_one_fake_mode():
     """Recording describes every value with one fake mode (`cpu_graph._one_fake_mode`), not one per
     value: those cost 40 % of recording the tiny decode step (docs/performance.md §1)."""
-    from torch._subclasses import fake_tensor
-
-    made = []
-    original = fake_tensor.FakeTensorMode.__init__
-
-    def counting(self, *args, **kwargs):
-        made.append(self)
-        original(self, *args, **kwargs)
 
     def step(x):
         for _ in range(8):
             x = torch.tanh(x) * 2
         return x
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fake_tensor.FakeTensorMode, "__init__", counting)
-        prepared = _cpu_graph().prepare(step, (torch.zeros(4),))
-    assert len(made) == 1, f"recording built {len(made)} fake modes"
-    torch.testing.assert_close(prepared(torch.ones(4)).output, step(torch.ones(4)), rtol=0, atol=0)
+    prepared = []
+    made = fake_modes_made(lambda: prepared.append(_cpu_graph().prepare(step, (torch.zeros(4),))))
+    assert made == 1, f"recording built {made} fake modes"
+    torch.testing.assert_close(prepared[0](torch.ones(4)).output, step(torch.ones(4)), rtol=0, atol=0)

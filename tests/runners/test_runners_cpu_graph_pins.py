@@ -13,6 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from parity.runners.base import CaptureError
 from parity.runners.cpu_graph import _HostSyncGuard
+from tests.support.runners_toys import fake_modes_made
 
 
 def _trace(fn, *inputs):
@@ -112,24 +113,6 @@ def test_pin_hook_recorded_tensors_become_fresh_graph_outputs():
         torch.testing.assert_close(taps[0], layer(x))
 
 
-def _fake_modes_made(trace) -> int:
-    """How many `FakeTensorMode`s `trace()` builds (each one extracts the whole calling stack)."""
-    from torch._subclasses import fake_tensor
-
-    made = 0
-    original = fake_tensor.FakeTensorMode.__init__
-
-    def counting(self, *args, **kwargs):
-        nonlocal made
-        made += 1
-        original(self, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fake_tensor.FakeTensorMode, "__init__", counting)
-        trace()
-    return made
-
-
 def test_pin_real_mode_takes_its_fake_mode_from_the_tracing_context():
     # Why cpu_graph records inside a tracing context of its own (`_one_fake_mode`): without one,
     # real-mode make_fx builds a fake mode for each value it records; with one, it uses that one.
@@ -140,11 +123,11 @@ def test_pin_real_mode_takes_its_fake_mode_from_the_tracing_context():
             x = torch.tanh(x) * 2
         return x
 
-    alone = _fake_modes_made(lambda: _trace(fn, torch.zeros(4)))
+    alone = fake_modes_made(lambda: _trace(fn, torch.zeros(4)))
     assert alone >= 16, f"make_fx built {alone} fake modes for 16 recorded ops: the per-value modes this pin assumes are gone"
 
     def in_context():
         with _one_fake_mode():
             return _trace(fn, torch.zeros(4))
 
-    assert _fake_modes_made(in_context) == 1
+    assert fake_modes_made(in_context) == 1

@@ -5,6 +5,9 @@ Kept tiny: Dynamo and make_fx cost scales with ops, and the CPU tests must stay 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -163,3 +166,22 @@ def tensor_if_case_cuda() -> CaptureCase:
 def branch_free_case_cuda() -> CaptureCase:
     module = BranchFree().cuda()
     return CaptureCase(fn=module.forward, example_inputs=(torch.randn(2, WIDTH, device="cuda"),))
+
+
+def fake_modes_made(run: Callable[[], Any]) -> int:
+    """How many `FakeTensorMode`s `run()` builds (each one extracts the whole calling stack)."""
+    import pytest
+    from torch._subclasses import fake_tensor
+
+    made = 0
+    original = fake_tensor.FakeTensorMode.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        nonlocal made
+        made += 1
+        original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fake_tensor.FakeTensorMode, "__init__", counting)
+        run()
+    return made
